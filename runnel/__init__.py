@@ -1,0 +1,1 @@
+"""runnel: CLI, configuration and node composition."""

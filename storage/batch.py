@@ -1,0 +1,225 @@
+"""Kafka record batch (magic v2) headers: parse, validate and patch without decoding records.
+
+The hot path treats a batch as opaque bytes. This module reads the fixed 61-byte header,
+checks the CRC and patches the fields the log owns (base offset, partition leader epoch,
+max timestamp) in place. Record-level encode/decode lives in ``records.py``.
+
+Layout (big-endian), offsets in bytes from the batch start::
+
+    0  base_offset            int64    not covered by the CRC
+    8  batch_length           int32    bytes after this field (= size - 12)
+   12  partition_leader_epoch int32    not covered by the CRC
+   16  magic                  int8     always 2
+   17  crc                    uint32   CRC-32C of bytes 21 .. end
+   21  attributes             int16    bits 0-2 codec, 3 timestamp type, 4 transactional,
+                                       5 control, 6 delete horizon set
+   23  last_offset_delta      int32
+   27  base_timestamp         int64
+   35  max_timestamp          int64
+   43  producer_id            int64    -1 when not idempotent
+   51  producer_epoch         int16
+   53  base_sequence          int32
+   57  record_count           int32
+   61  records ...
+
+All functions are pure apart from the explicit in-place patchers, and safe to call from any
+thread on buffers the caller owns.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crc32c
+
+from storage.errors import CorruptRecordError, InvalidRecordError
+
+MAGIC_V2 = 2
+LOG_OVERHEAD = 12  # base_offset + batch_length: bytes not counted by batch_length
+HEADER_SIZE = 61
+CRC_START = 21
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+NO_TIMESTAMP = -1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_INT16 = struct.Struct(">h")
+
+_POS_EPOCH = 12
+_POS_MAGIC = 16
+_POS_CRC = 17
+_POS_ATTRIBUTES = 21
+_POS_MAX_TIMESTAMP = 35
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
+
+
+class CompressionType(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The decoded fixed header of one v2 batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> CompressionType:
+        try:
+            return CompressionType(self.attributes & ATTR_COMPRESSION_MASK)
+        except ValueError as e:
+            raise InvalidRecordError(f"unknown compression codec id {e}") from None
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes & ATTR_TIMESTAMP_TYPE) >> 3)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id != NO_PRODUCER_ID
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+
+
+def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int]:
+    """Return (base_offset, total size in bytes) of the batch at ``pos``; needs 12 bytes."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        raise CorruptRecordError(f"truncated batch at byte {pos}: fewer than 12 bytes")
+    base_offset, length = _OFFSET_AND_LENGTH.unpack_from(buf, pos)
+    return base_offset, length + LOG_OVERHEAD
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header at ``pos`` and check framing (size, magic); the CRC is not checked."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"truncated batch at byte {pos}: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
+        )
+    header = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    if header.magic != MAGIC_V2:
+        raise CorruptRecordError(f"batch at byte {pos} has magic {header.magic}, expected 2")
+    if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptRecordError(
+            f"batch at byte {pos} declares length {header.batch_length}, below the header size"
+        )
+    if header.size_bytes > len(buf) - pos:
+        raise CorruptRecordError(
+            f"truncated batch at byte {pos}: declares {header.size_bytes} bytes, "
+            f"{len(buf) - pos} present"
+        )
+    return header
+
+
+def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
+    """CRC-32C over the CRC-covered part (attributes .. end) of the batch at ``pos``."""
+    view = memoryview(buf)[pos + CRC_START : pos + size]
+    return int(crc32c.crc32c(view))
+
+
+def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse and fully check one batch: framing, CRC, offsets and counts."""
+    header = parse_header(buf, pos)
+    actual = compute_crc(buf, pos, header.size_bytes)
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"batch at byte {pos} (offset {header.base_offset}) has CRC {header.crc:#010x}, "
+            f"computed {actual:#010x}"
+        )
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise InvalidRecordError(
+            f"batch at byte {pos} has last offset delta {header.last_offset_delta} "
+            f"and record count {header.record_count}"
+        )
+    if header.base_offset < 0:
+        raise InvalidRecordError(f"batch at byte {pos} has negative base offset")
+    header.compression  # noqa: B018 - raises InvalidRecordError on an unknown codec
+    return header
+
+
+def iter_headers(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each batch in ``buf``; raises on a partial tail."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = validate_batch(buf, pos) if check_crc else parse_header(buf, pos)
+        yield pos, header
+        pos += header.size_bytes
+
+
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Patch the base offset in place (outside the CRC)."""
+    _INT64.pack_into(buf, pos, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
+    """Patch the partition leader epoch in place (outside the CRC)."""
+    _INT32.pack_into(buf, pos + _POS_EPOCH, epoch)
+
+
+def set_log_append_time(buf: bytearray | memoryview, pos: int, size: int, now_ms: int) -> None:
+    """Mark the batch LogAppendTime with ``now_ms`` as max timestamp; rewrites the CRC."""
+    (attributes,) = _INT16.unpack_from(buf, pos + _POS_ATTRIBUTES)
+    _INT16.pack_into(buf, pos + _POS_ATTRIBUTES, attributes | ATTR_TIMESTAMP_TYPE)
+    _INT64.pack_into(buf, pos + _POS_MAX_TIMESTAMP, now_ms)
+    _UINT32.pack_into(buf, pos + _POS_CRC, compute_crc(buf, pos, size))
