@@ -169,6 +169,11 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
     return header
 
 
+def unpack_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode 61 header bytes with no checks at all (for trusted, already-validated data)."""
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
     """CRC-32C over the CRC-covered part (attributes .. end) of the batch at ``pos``."""
     view = memoryview(buf)[pos + CRC_START : pos + size]

@@ -1,0 +1,238 @@
+"""Sparse, memory-mapped segment indexes: the offset index and the time index.
+
+Both files are arrays of fixed-size big-endian entries, sorted ascending, holding offsets
+relative to the segment's base offset so that a 64-bit offset fits in 4 bytes:
+
+    .index      8-byte entries: relative offset int32 @0, position in .log int32 @4
+    .timeindex 12-byte entries: timestamp int64 @0, relative offset int32 @8
+                (an entry (T, O) says: the largest timestamp at or before offset O is T)
+
+While a segment is active its index files are pre-allocated to ``max_index_bytes`` (rounded
+down to whole entries) and memory-mapped; entries beyond ``entries`` are zeros. When the
+segment rolls, :meth:`trim` cuts each file to its valid entries. Indexes carry no checksum:
+after an unclean shutdown the loader rebuilds them from the log rather than trusting them.
+
+The mmap is opened lazily on first use, so a log with many old segments starts quickly.
+Concurrency: one writer (the partition's single writer) mutates; readers call ``lookup``
+concurrently, which is safe because entries are written before ``entries`` is advanced.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+from storage.errors import InvariantViolation, OffsetOverflowError, invariant
+
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
+_MAX_RELATIVE = 2**31 - 1
+
+
+class CorruptIndexError(Exception):
+    """An index file's contents contradict its segment; the loader rebuilds it."""
+
+
+class _MappedIndex:
+    """Shared mechanics: the file, its lazily opened mmap, pre-allocation and trimming."""
+
+    entry_size: int
+
+    def __init__(self, path: Path, base_offset: int, max_index_bytes: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._max_bytes = max_index_bytes - max_index_bytes % self.entry_size
+        invariant(self._max_bytes >= self.entry_size, "index must hold at least one entry")
+        self._fd = -1
+        self._mm: mmap.mmap | None = None
+        self._capacity = 0
+        self.entries = 0
+        if path.exists():
+            size = path.stat().st_size
+            if size % self.entry_size:
+                raise CorruptIndexError(f"{path}: size {size} is not a multiple of entries")
+            self.entries = size // self.entry_size
+
+    # -- file handling -------------------------------------------------------------------
+    def _open(self) -> mmap.mmap:
+        if self._mm is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            used = self.entries * self.entry_size
+            self._capacity = max(self._max_bytes, used)
+            os.ftruncate(self._fd, self._capacity)
+            self._mm = mmap.mmap(self._fd, self._capacity)
+        return self._mm
+
+    @property
+    def max_entries(self) -> int:
+        return max(self._max_bytes, self.entries * self.entry_size) // self.entry_size
+
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    def truncate_entries(self, entries: int) -> None:
+        """Forget entries past ``entries`` (zeroing them, so a crash cannot revive them)."""
+        if entries >= self.entries:
+            return
+        mm = self._open()
+        start, end = entries * self.entry_size, self.entries * self.entry_size
+        mm[start:end] = bytes(end - start)
+        self.entries = entries
+
+    def reset(self) -> None:
+        self.truncate_entries(0)
+
+    def trim(self) -> None:
+        """Cut the file to its valid entries (on roll and close); unmaps it."""
+        self._close_map()
+        with open(self.path, "r+b" if self.path.exists() else "w+b") as f:
+            f.truncate(self.entries * self.entry_size)
+
+    def flush(self) -> None:
+        if self._mm is not None:
+            self._mm.flush()
+
+    def _close_map(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self) -> None:
+        self.trim()
+
+    def delete(self) -> None:
+        self._close_map()
+        self.entries = 0
+        self.path.unlink(missing_ok=True)
+
+    def rename(self, path: Path) -> None:
+        self._close_map()
+        if self.path.exists():
+            os.replace(self.path, path)
+        self.path = path
+
+    def relative(self, offset: int) -> int:
+        rel = offset - self.base_offset
+        if rel < 0 or rel > _MAX_RELATIVE:
+            raise OffsetOverflowError(
+                f"offset {offset} cannot be stored relative to base offset {self.base_offset}"
+            )
+        return rel
+
+
+class OffsetIndex(_MappedIndex):
+    """Maps relative offset -> byte position in the segment's .log file."""
+
+    entry_size = 8
+
+    def entry(self, n: int) -> tuple[int, int]:
+        """The n-th entry as (absolute offset, position)."""
+        rel, pos = _OFFSET_ENTRY.unpack_from(self._open(), n * 8)
+        return self.base_offset + rel, pos
+
+    def last_entry(self) -> tuple[int, int]:
+        return self.entry(self.entries - 1) if self.entries else (self.base_offset, 0)
+
+    def append(self, offset: int, position: int) -> None:
+        if self.entries and offset <= self.last_entry()[0]:
+            raise InvariantViolation(f"{self.path}: offset index append {offset} not increasing")
+        invariant(not self.is_full(), f"{self.path}: offset index is full")
+        _OFFSET_ENTRY.pack_into(self._open(), self.entries * 8, self.relative(offset), position)
+        self.entries += 1
+
+    def lookup(self, offset: int) -> tuple[int, int]:
+        """Greatest entry with offset <= ``offset``, or (base offset, 0) if there is none."""
+        n = self._floor_slot(offset)
+        return self.entry(n) if n >= 0 else (self.base_offset, 0)
+
+    def _floor_slot(self, offset: int) -> int:
+        lo, hi = 0, self.entries - 1
+        if hi < 0 or self.entry(0)[0] > offset:
+            return -1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.entry(mid)[0] <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries with offset >= ``offset``."""
+        n = self._floor_slot(offset)
+        if n >= 0 and self.entry(n)[0] == offset:
+            n -= 1
+        self.truncate_entries(n + 1)
+
+    def sanity_check(self, log_size: int) -> None:
+        """Cheap checks on an index the loader is about to trust."""
+        if not self.entries:
+            return
+        last_offset, last_pos = self.last_entry()
+        if last_pos <= 0 or last_pos >= log_size or last_offset < self.base_offset:
+            raise CorruptIndexError(
+                f"{self.path}: last entry ({last_offset}, {last_pos}) does not fit a "
+                f"{log_size}-byte log"
+            )
+
+
+class TimeIndex(_MappedIndex):
+    """Maps max timestamp so far -> relative offset; one slot is kept for the roll entry."""
+
+    entry_size = 12
+
+    def entry(self, n: int) -> tuple[int, int]:
+        """The n-th entry as (timestamp, absolute offset)."""
+        ts, rel = _TIME_ENTRY.unpack_from(self._open(), n * 12)
+        return ts, self.base_offset + rel
+
+    def last_entry(self) -> tuple[int, int]:
+        return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+
+    def is_full(self) -> bool:
+        # The last slot is reserved for the entry written when the segment rolls.
+        return self.entries >= self.max_entries - 1
+
+    def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> None:
+        """Append (timestamp, offset) if the timestamp grew; duplicates are ignored."""
+        if not skip_full_check:
+            invariant(not self.is_full(), f"{self.path}: time index is full")
+        if self.entries:
+            last_ts, last_offset = self.last_entry()
+            if timestamp <= last_ts:
+                return
+            if offset < last_offset:
+                raise InvariantViolation(f"{self.path}: time index offset {offset} went back")
+        if self.entries >= self.max_entries:
+            return  # only reachable with skip_full_check on a completely full file
+        _TIME_ENTRY.pack_into(self._open(), self.entries * 12, timestamp, self.relative(offset))
+        self.entries += 1
+
+    def lookup(self, timestamp: int) -> tuple[int, int]:
+        """Greatest entry with timestamp <= ``timestamp``, or (-1, base offset)."""
+        lo, hi = 0, self.entries - 1
+        if hi < 0 or self.entry(0)[0] > timestamp:
+            return -1, self.base_offset
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.entry(mid)[0] <= timestamp:
+                lo = mid
+            else:
+                hi = mid - 1
+        return self.entry(lo)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries whose offset is >= ``offset``."""
+        n = self.entries
+        while n > 0 and self.entry(n - 1)[1] >= offset:
+            n -= 1
+        self.truncate_entries(n)
+
+    def sanity_check(self) -> None:
+        if self.entries and self.last_entry()[1] < self.base_offset:
+            raise CorruptIndexError(f"{self.path}: last entry is below the base offset")

@@ -1,0 +1,229 @@
+"""Opening a partition log from disk, with crash recovery (Kafka's LogLoader, condensed).
+
+Passes, in order:
+  1. Remove leftovers of interrupted operations: ``*.tmp``, ``*.cleaned``, ``*.deleted``;
+     complete an interrupted compaction swap (``*.log.swap`` replaces the segments it covers).
+  2. Open every ``.log`` segment; delete index files that have no ``.log``.
+  3. After an unclean shutdown (no clean-shutdown marker), recover every segment from the one
+     holding the recovery point: re-validate each batch (framing, CRC, increasing offsets),
+     rebuild both indexes, cut the file at the first bad byte and delete all later segments.
+     After a clean shutdown, only segments whose indexes are missing or fail a sanity check
+     are recovered.
+  4. Check the segments against each other and against the checkpoints: a gap between
+     segments of a non-compacted log, or a log start offset beyond the log end, means files
+     were deleted behind the engine's back; that is reported (InconsistentLogError), never
+     silently wiped.
+  5. Restore the leader-epoch cache (from its checkpoint plus recovered batches, truncated to
+     the log's range) and producer state (newest snapshot, then replay to the log end).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from storage.batch import BatchHeader, NO_PARTITION_LEADER_EPOCH
+from storage.config import LogConfig
+from storage.epoch_cache import LeaderEpochCache
+from storage.errors import InconsistentLogError
+from storage.index import CorruptIndexError
+from storage.log import LEADER_EPOCH_CHECKPOINT, Log, wall_clock_ms
+from storage.producer_state import ProducerStateManager
+from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
+
+SWAP_SUFFIX = ".swap"
+_LEFTOVER_SUFFIXES = (".tmp", ".cleaned", ".deleted")
+
+
+def load_log(
+    directory: Path,
+    config: LogConfig,
+    *,
+    recovery_point: int = 0,
+    log_start_offset: int | None = None,
+    high_watermark: int | None = None,
+    had_clean_shutdown: bool = False,
+    clock: Callable[[], int] = wall_clock_ms,
+    on_offline: Callable[[Path, BaseException], None] | None = None,
+) -> Log:
+    """Open (creating if needed) the log in ``directory``, recovering it if necessary."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(directory)
+    _complete_swaps(directory)
+    epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
+    segments = _open_segments(directory, config, clock())
+    if not segments:
+        if max(recovery_point, log_start_offset or 0, high_watermark or 0) > 0:
+            raise InconsistentLogError(
+                f"{directory}: checkpoints say the log reached offset "
+                f"{max(recovery_point, log_start_offset or 0, high_watermark or 0)} but no "
+                f"segment files exist; they were deleted behind the engine's back"
+            )
+        segments = [_create_segment(directory, config, 0, clock())]
+    recovered = _recover(segments, config, epoch_cache, recovery_point, had_clean_shutdown)
+    _check_contiguous(directory, segments, config)
+    log_end = segments[-1].read_next_offset()
+    start = max(log_start_offset if log_start_offset is not None else 0, segments[0].base_offset)
+    if start > log_end:
+        raise InconsistentLogError(
+            f"{directory}: log start offset {start} is beyond the log end offset {log_end}; "
+            f"segments were deleted behind the engine's back"
+        )
+    epoch_cache.truncate_from_end(log_end)
+    epoch_cache.truncate_from_start(start)
+    if recovered:
+        for segment in recovered:
+            segment.flush()
+        recovery_point = log_end
+    hw = min(max(high_watermark if high_watermark is not None else start, start), log_end)
+    producer_state = ProducerStateManager(
+        directory, producer_id_expiration_ms=config.producer_id_expiration_ms
+    )
+    log = Log(
+        directory, config, segments,
+        log_start_offset=start, high_watermark=hw, recovery_point=recovery_point,
+        epoch_cache=epoch_cache, producer_state=producer_state, clock=clock,
+        on_offline=on_offline,
+    )
+    _rebuild_producer_state(log, clock())
+    return log
+
+
+def _remove_leftovers(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.name.endswith(_LEFTOVER_SUFFIXES):
+            path.unlink()
+
+
+def swap_file_name(base_offset: int, end_offset: int) -> str:
+    """Name of a finished compaction output replacing segments with bases in [base, end)."""
+    return f"{base_offset:020d}.{end_offset:020d}{LOG_SUFFIX}{SWAP_SUFFIX}"
+
+
+def _complete_swaps(directory: Path) -> None:
+    """A swap file is a fully written, fsynced compaction output. Finish what the cleaner
+    started: delete the live segments it covers, then rename it into place (its indexes are
+    rebuilt by recovery)."""
+    for swap in sorted(directory.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
+        base_text, end_text = swap.name.split(".")[:2]
+        base, end = int(base_text), int(end_text)
+        for path in directory.glob(f"*{LOG_SUFFIX}"):
+            other = int(path.name.split(".")[0])
+            if base <= other < end:
+                _delete_segment_files(directory, other)
+        os.replace(swap, directory / f"{base:020d}{LOG_SUFFIX}")
+
+
+def _delete_segment_files(directory: Path, base: int) -> None:
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
+
+
+def _open_segments(directory: Path, config: LogConfig, now_ms: int) -> list[LogSegment]:
+    bases: set[int] = set()
+    for path in directory.iterdir():
+        stem, _, suffix = path.name.partition(".")
+        if not stem.isdigit() or len(stem) != 20:
+            continue
+        if "." + suffix == LOG_SUFFIX:
+            bases.add(int(stem))
+    for path in directory.iterdir():
+        stem, _, suffix = path.name.partition(".")
+        if "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and stem.isdigit():
+            if int(stem) not in bases:
+                path.unlink()  # an orphan index has nothing to index
+    segments = []
+    for base in sorted(bases):
+        segments.append(_open_segment(directory, config, base, now_ms))
+    return segments
+
+
+def _open_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
+    try:
+        return LogSegment(
+            directory, base,
+            index_interval_bytes=config.index_interval_bytes,
+            max_index_bytes=config.segment_index_bytes, created_ms=now_ms,
+        )
+    except CorruptIndexError:
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
+        return _open_segment(directory, config, base, now_ms)
+
+
+def _create_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
+    return LogSegment(
+        directory, base,
+        index_interval_bytes=config.index_interval_bytes,
+        max_index_bytes=config.segment_index_bytes, created_ms=now_ms, create=True,
+    )
+
+
+def _needs_index_rebuild(segment: LogSegment) -> bool:
+    if not segment.offset_index.path.exists() or not segment.time_index.path.exists():
+        return segment.size > 0
+    try:
+        segment.offset_index.sanity_check(segment.size)
+        segment.time_index.sanity_check()
+    except CorruptIndexError:
+        return True
+    return False
+
+
+def _recover(
+    segments: list[LogSegment],
+    config: LogConfig,
+    epoch_cache: LeaderEpochCache,
+    recovery_point: int,
+    had_clean_shutdown: bool,
+) -> list[LogSegment]:
+    """Recover the segments that need it (see the module docstring); returns them."""
+    first = 0
+    if not had_clean_shutdown:
+        while first + 1 < len(segments) and segments[first + 1].base_offset <= recovery_point:
+            first += 1
+    recovered: list[LogSegment] = []
+
+    def on_batch(header: BatchHeader) -> None:
+        if header.partition_leader_epoch != NO_PARTITION_LEADER_EPOCH:
+            epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+
+    index = 0
+    while index < len(segments):
+        segment = segments[index]
+        unclean = not had_clean_shutdown and index >= first
+        if unclean or _needs_index_rebuild(segment):
+            truncated = segment.recover(on_batch, max_batch_bytes=_max_batch(config))
+            recovered.append(segment)
+            if truncated and unclean:
+                for later in segments[index + 1 :]:
+                    later.delete()
+                del segments[index + 1 :]
+        index += 1
+    return recovered
+
+
+def _max_batch(config: LogConfig) -> int:
+    # A batch can never exceed a segment; a length above this is garbage, not data.
+    return max(config.max_message_bytes, config.segment_bytes)
+
+
+def _check_contiguous(directory: Path, segments: list[LogSegment], config: LogConfig) -> None:
+    if config.compact:
+        return  # compaction leaves legitimate gaps between segments
+    for segment, following in zip(segments, segments[1:], strict=False):
+        end = segment.read_next_offset()
+        if end != following.base_offset and segment.size > 0:
+            raise InconsistentLogError(
+                f"{directory}: segment {segment.base_offset} ends at offset {end} but the next "
+                f"segment starts at {following.base_offset}; segments are missing"
+            )
+
+
+def _rebuild_producer_state(log: Log, now_ms: int) -> None:
+    ps = log.producer_state
+    ps.truncate_and_reload(log.log_start_offset, log.log_end_offset, now_ms)
+    for _, _, header in log.batches(ps.map_end_offset):
+        if header.has_producer_id:
+            ps.update(header)

@@ -1,0 +1,653 @@
+"""A partition log: offsets, high watermark, log start offset, epochs and producer state over
+an ordered set of segments (Kafka's UnifiedLog and LocalLog in one class).
+
+Offsets obey ``log_start_offset <= high_watermark <= log_end_offset`` at all times, and the
+recovery point (the first offset not known to be fsynced) never exceeds the log end offset.
+
+Concurrency: one writer per partition. Every mutation takes ``self._lock`` (a threading
+lock, so a flush may run in a worker thread while the event loop appends). Readers do not
+take it: ``read`` works from a snapshot of the segment list and the offsets, which is safe
+because segments only grow at the end and bytes below the high watermark never change.
+
+I/O errors: any ``OSError`` during a mutation takes the log offline; every later call raises
+``LogDirOfflineError`` and the owner (LogManager) marks the whole data directory offline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
+
+import crc32c
+
+from storage.batch import (
+    ATTR_TIMESTAMP_TYPE,
+    CRC_START,
+    HEADER_SIZE,
+    NO_PARTITION_LEADER_EPOCH,
+    BatchHeader,
+    TimestampType,
+    unpack_header,
+    validate_batch,
+)
+from storage.config import LogConfig
+from storage.epoch_cache import LeaderEpochCache
+from storage.errors import (
+    InvalidRecordError,
+    LogDirOfflineError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+    invariant,
+)
+from storage.producer_state import ProducerStateManager
+from storage.segment import BatchPosition, FileSlice, LogSegment
+
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+_PREFIX = struct.Struct(">qiib")  # base offset, batch length, leader epoch, magic
+_ATTR_TS = struct.Struct(">hiqq")  # attributes, last offset delta, base ts, max ts
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Isolation(Enum):
+    """Which offset bounds a read: the log end (replicas) or the high watermark (consumers)."""
+
+    LOG_END = "log_end"
+    HIGH_WATERMARK = "high_watermark"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append did. For a duplicate idempotent batch, the original batch's offsets."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int  # -1 unless the log stamps LogAppendTime
+    record_count: int
+    size_bytes: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchData:
+    """The result of a read: a zero-copy slice (None when nothing is available)."""
+
+    slice: FileSlice | None
+    start_offset: int
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+def _io_guarded(method: Callable[Concatenate[Log, P], R]) -> Callable[Concatenate[Log, P], R]:
+    """Run a mutation under the lock; an OSError takes the log offline."""
+
+    def wrapper(self: Log, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            self._check_online()
+            try:
+                return method(self, *args, **kwargs)
+            except OSError as e:
+                self._go_offline(e)
+                raise LogDirOfflineError(f"{self.dir}: I/O error, log taken offline: {e}") from e
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+class Log:
+    """One partition's log. Open an existing or new one with :func:`storage.loader.load_log`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        *,
+        log_start_offset: int,
+        high_watermark: int,
+        recovery_point: int,
+        epoch_cache: LeaderEpochCache,
+        producer_state: ProducerStateManager,
+        clock: Callable[[], int] = wall_clock_ms,
+        on_offline: Callable[[Path, BaseException], None] | None = None,
+    ) -> None:
+        invariant(bool(segments), "a log always has an active segment")
+        self.dir = directory
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._lock = threading.RLock()
+        self._clock = clock
+        self._on_offline = on_offline
+        self._offline: BaseException | None = None
+        self.epoch_cache = epoch_cache
+        self.producer_state = producer_state
+        self._log_end_offset = segments[-1].read_next_offset()
+        self._log_start_offset = log_start_offset
+        self._high_watermark = high_watermark
+        self._recovery_point = min(recovery_point, self._log_end_offset)
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock()
+        self._check_offsets()
+
+    # -- offsets ---------------------------------------------------------------------------
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def segments(self) -> Sequence[LogSegment]:
+        return tuple(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def offline(self) -> bool:
+        return self._offline is not None
+
+    def _check_offsets(self) -> None:
+        invariant(
+            self._log_start_offset <= self._high_watermark <= self._log_end_offset,
+            f"{self.dir}: offsets out of order: log start {self._log_start_offset}, "
+            f"HW {self._high_watermark}, LEO {self._log_end_offset}",
+        )
+
+    def _check_online(self) -> None:
+        if self._offline is not None:
+            raise LogDirOfflineError(f"{self.dir} is offline after an I/O error: {self._offline}")
+
+    def _go_offline(self, error: BaseException) -> None:
+        self._offline = error
+        if self._on_offline is not None:
+            self._on_offline(self.dir, error)
+
+    # -- appends ---------------------------------------------------------------------------
+    @_io_guarded
+    def append_as_leader(
+        self, data: bytes | bytearray | memoryview, leader_epoch: int
+    ) -> AppendInfo:
+        """Assign offsets from the log end, stamp ``leader_epoch``, write. Data is one or more
+        v2 batches; an idempotent batch must come alone (as in Kafka's produce path)."""
+        view = memoryview(data).cast("B")
+        headers = self._validate(view, leader=True)
+        now_ms = self._clock()
+        if len(headers) == 1 and headers[0][1].has_producer_id:
+            duplicate = self.producer_state.check_leader_append(headers[0][1])
+            if duplicate is not None:
+                return AppendInfo(
+                    duplicate.first_offset,
+                    duplicate.last_offset,
+                    duplicate.timestamp,
+                    -1,
+                    headers[0][1].record_count,
+                    0,
+                    duplicate=True,
+                )
+        elif any(h.has_producer_id for _, h in headers):
+            raise InvalidRecordError("an idempotent producer batch must be appended alone")
+        append_time = (
+            now_ms if self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME else -1
+        )
+        buffers: list[bytes | memoryview] = []
+        batches: list[BatchPosition] = []
+        next_offset = self._log_end_offset
+        for position, header in headers:
+            final = replace(
+                header,
+                base_offset=next_offset,
+                partition_leader_epoch=leader_epoch,
+            )
+            if append_time >= 0:
+                final = replace(
+                    final,
+                    max_timestamp=append_time,
+                    attributes=final.attributes | ATTR_TIMESTAMP_TYPE,
+                )
+            buffers.extend(_patched(view, position, final, restamp=append_time >= 0))
+            batches.append(BatchPosition(position, final))
+            next_offset = final.next_offset
+        info = self._write(view, buffers, batches, now_ms)
+        self.epoch_cache.assign(leader_epoch, info.first_offset)
+        return replace(info, log_append_time_ms=append_time)
+
+    @_io_guarded
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append a leader's batches with their offsets and epochs verbatim."""
+        view = memoryview(data).cast("B")
+        headers = self._validate(view, leader=False)
+        first = headers[0][1]
+        if first.base_offset < self._log_end_offset:
+            raise InvalidRecordError(
+                f"follower append at offset {first.base_offset} is below the log end "
+                f"offset {self._log_end_offset}"
+            )
+        batches = [BatchPosition(pos, h) for pos, h in headers]
+        info = self._write(view, [view], batches, self._clock())
+        for _, header in headers:
+            if header.partition_leader_epoch != NO_PARTITION_LEADER_EPOCH:
+                self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        return info
+
+    def _validate(self, view: memoryview, *, leader: bool) -> list[tuple[int, BatchHeader]]:
+        """Check every batch (framing, CRC, size, offsets) before anything is written."""
+        if not len(view):
+            raise InvalidRecordError("an append needs at least one batch")
+        headers: list[tuple[int, BatchHeader]] = []
+        position, previous_last = 0, -1
+        while position < len(view):
+            header = validate_batch(view, position)
+            if header.size_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {header.size_bytes} bytes exceeds max_message_bytes "
+                    f"{self.config.max_message_bytes}"
+                )
+            if leader and header.record_count != header.last_offset_delta + 1:
+                raise InvalidRecordError(
+                    f"batch has {header.record_count} records but last offset delta "
+                    f"{header.last_offset_delta}"
+                )
+            if not leader and header.base_offset <= previous_last:
+                raise InvalidRecordError(
+                    f"follower batch offsets not increasing: {header.base_offset} after "
+                    f"{previous_last}"
+                )
+            previous_last = header.last_offset
+            headers.append((position, header))
+            position += header.size_bytes
+        if position > self.config.segment_bytes:
+            raise RecordTooLargeError(
+                f"append of {position} bytes exceeds segment_bytes {self.config.segment_bytes}"
+            )
+        return headers
+
+    def _write(
+        self,
+        view: memoryview,
+        buffers: Sequence[bytes | memoryview],
+        batches: Sequence[BatchPosition],
+        now_ms: int,
+    ) -> AppendInfo:
+        first, last = batches[0].header, batches[-1].header
+        self._maybe_roll(
+            len(view), max(b.header.max_timestamp for b in batches), last.last_offset, now_ms
+        )
+        self.active_segment.append(buffers, batches)
+        records = 0
+        for item in batches:
+            records += item.header.record_count
+            if item.header.has_producer_id:
+                self.producer_state.update(item.header)
+        self._log_end_offset = last.next_offset
+        self._unflushed_messages += records
+        self._maybe_flush_after_append()
+        return AppendInfo(
+            first.base_offset,
+            last.last_offset,
+            max(b.header.max_timestamp for b in batches),
+            -1,
+            records,
+            len(view),
+        )
+
+    def _maybe_flush_after_append(self) -> None:
+        limit = self.config.flush_messages
+        if self.config.fsync_each_append or (
+            limit is not None and self._unflushed_messages >= limit
+        ):
+            self._flush_locked(self._log_end_offset)
+
+    # -- rolling ---------------------------------------------------------------------------
+    def _maybe_roll(self, size: int, max_timestamp: int, last_offset: int, now_ms: int) -> None:
+        segment = self.active_segment
+        cfg = self.config
+        full = segment.size > cfg.segment_bytes - size
+        aged = (
+            segment.size > 0
+            and segment.time_waited_for_roll(now_ms, max_timestamp)
+            > cfg.segment_ms - cfg.segment_jitter_ms
+        )
+        if full or aged or segment.indexes_full() or not segment.can_hold(last_offset):
+            self._roll(now_ms)
+
+    @_io_guarded
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op on an empty segment)."""
+        return self._roll(self._clock())
+
+    def _roll(self, now_ms: int) -> LogSegment:
+        old = self.active_segment
+        if old.size == 0 and old.base_offset == self._log_end_offset:
+            # KAFKA-6388: an empty active segment that reports full is recreated in place.
+            if not old.indexes_full():
+                return old
+            old.delete()
+            self._segments.pop()
+            self._bases.pop()
+        else:
+            old.on_become_inactive()
+            self.producer_state.take_snapshot()
+        segment = self._new_segment(self._log_end_offset, now_ms)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        return segment
+
+    def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        return LogSegment(
+            self.dir,
+            base_offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_index_bytes=self.config.segment_index_bytes,
+            created_ms=now_ms,
+            create=True,
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        *,
+        isolation: Isolation = Isolation.HIGH_WATERMARK,
+        min_one_batch: bool = True,
+    ) -> FetchData:
+        """A zero-copy slice of batches from ``start_offset``, within one segment."""
+        self._check_online()
+        segments, bases = self._segments[:], self._bases[:]
+        log_start, leo, hw = self._log_start_offset, self._log_end_offset, self._high_watermark
+        bound = hw if isolation is Isolation.HIGH_WATERMARK else leo
+        if start_offset < log_start or start_offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} is outside [{log_start}, {leo}] of {self.dir.name}"
+            )
+        result: FileSlice | None = None
+        index = bisect.bisect_right(bases, start_offset) - 1
+        while start_offset < bound and 0 <= index < len(segments) and result is None:
+            segment = segments[index]
+            max_position = segment.size
+            if index + 1 >= len(segments) or bases[index + 1] > bound:
+                found = segment.translate_offset(bound)
+                max_position = found[0] if found is not None else segment.size
+            result = segment.read(
+                start_offset, max_bytes, max_position, min_one_batch=min_one_batch
+            )
+            index += 1
+        return FetchData(result, start_offset, hw, log_start, leo)
+
+    def batches(
+        self, start_offset: int = 0, end_offset: int | None = None
+    ) -> Iterator[tuple[LogSegment, int, BatchHeader]]:
+        """Headers of the batches overlapping [start_offset, end_offset) (for tools, replay)."""
+        end = self._log_end_offset if end_offset is None else end_offset
+        for segment in self._segments[:]:
+            found = segment.translate_offset(start_offset)
+            position = found[0] if found is not None else segment.size
+            while position < segment.size:
+                header = _read_header(segment, position)
+                if header is None or header.base_offset >= end:
+                    return
+                yield segment, position, header
+                position += header.size_bytes
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch with max timestamp >= ``timestamp``."""
+        self._check_online()
+        for segment in self._segments[:]:
+            if segment.max_timestamp >= timestamp or segment is self._segments[-1]:
+                found = segment.find_offset_by_timestamp(timestamp, self._log_start_offset)
+                if found is not None:
+                    return found
+        return None
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) for a follower's OffsetsForLeaderEpoch / DivergingEpoch."""
+        return self.epoch_cache.end_offset_for(epoch, self._log_end_offset)
+
+    # -- offsets maintenance ---------------------------------------------------------------
+    @_io_guarded
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the HW, clamped to [log start, LEO]; returns the value set."""
+        self._high_watermark = max(self._log_start_offset, min(offset, self._log_end_offset))
+        return self._high_watermark
+
+    @_io_guarded
+    def maybe_increment_high_watermark(self, offset: int) -> bool:
+        """Move the HW forward only (leaders); never past the LEO."""
+        if offset > self._log_end_offset:
+            raise OffsetOutOfRangeError(f"HW {offset} beyond LEO {self._log_end_offset}")
+        if offset <= self._high_watermark:
+            return False
+        self._high_watermark = offset
+        return True
+
+    @_io_guarded
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Advance the log start (DeleteRecords, retention); it may not pass the HW."""
+        if offset > self._high_watermark:
+            raise OffsetOutOfRangeError(
+                f"log start {offset} would pass the high watermark {self._high_watermark}"
+            )
+        if offset <= self._log_start_offset:
+            return False
+        self._log_start_offset = offset
+        self.epoch_cache.truncate_from_start(offset)
+        self.producer_state.on_log_start_offset_incremented(offset)
+        return True
+
+    @_io_guarded
+    def truncate_to(self, offset: int) -> bool:
+        """Remove everything at and above ``offset`` (follower divergence). Returns whether the
+        log changed. Below the log start the whole log restarts at ``offset``."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate to negative offset {offset}")
+        if offset >= self._log_end_offset:
+            return False
+        if offset < self._log_start_offset:
+            self._truncate_fully(offset)
+            return True
+        while len(self._segments) > 1 and self._bases[-1] > offset:
+            self._segments.pop().delete()
+            self._bases.pop()
+        active = self.active_segment
+        active.truncate_to(offset)
+        self._log_end_offset = active.read_next_offset()
+        self.epoch_cache.truncate_from_end(self._log_end_offset)
+        self._reload_producer_state()
+        self._high_watermark = min(self._high_watermark, self._log_end_offset)
+        self._recovery_point = min(self._recovery_point, self._log_end_offset)
+        self._check_offsets()
+        return True
+
+    @_io_guarded
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and restart empty at ``offset`` (e.g. a follower far behind)."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot restart at negative offset {offset}")
+        self._truncate_fully(offset)
+
+    def _truncate_fully(self, offset: int) -> None:
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [self._new_segment(offset, self._clock())]
+        self._bases = [offset]
+        self.epoch_cache.clear()
+        self.producer_state.truncate_fully_and_start_at(offset)
+        self._log_start_offset = self._high_watermark = self._log_end_offset = offset
+        self._recovery_point = offset
+
+    def _reload_producer_state(self) -> None:
+        ps = self.producer_state
+        ps.truncate_and_reload(self._log_start_offset, self._log_end_offset, self._clock())
+        for _, _, header in self.batches(ps.map_end_offset):
+            if header.has_producer_id:
+                ps.update(header)
+
+    # -- retention -------------------------------------------------------------------------
+    @_io_guarded
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Delete whole segments past retention (time, size) or below the log start offset.
+        Only segments entirely below the HW are eligible; the active segment never is.
+        Returns the number of segments deleted."""
+        now = self._clock() if now_ms is None else now_ms
+        doomed = self._deletable_prefix(now)
+        for segment in self._segments[:doomed]:
+            segment.delete()
+        if doomed:
+            del self._segments[:doomed]
+            del self._bases[:doomed]
+            new_start = max(self._log_start_offset, self._bases[0])
+            if new_start > self._log_start_offset:
+                self._log_start_offset = new_start
+                self._high_watermark = max(self._high_watermark, new_start)
+                self.epoch_cache.truncate_from_start(new_start)
+                self.producer_state.on_log_start_offset_incremented(new_start)
+        return doomed
+
+    def _deletable_prefix(self, now_ms: int) -> int:
+        cfg = self.config
+        excess = (
+            self.size_bytes - cfg.retention_bytes
+            if cfg.retention_bytes is not None and cfg.delete
+            else 0
+        )
+        count = 0
+        for segment, next_base in zip(self._segments, self._bases[1:], strict=False):
+            if next_base > self._high_watermark:
+                break
+            below_start = next_base <= self._log_start_offset
+            expired = (
+                cfg.delete
+                and cfg.retention_ms is not None
+                and now_ms - segment.largest_timestamp() > cfg.retention_ms
+            )
+            too_big = excess >= segment.size and excess > 0
+            if not (below_start or expired or too_big):
+                break
+            excess -= segment.size
+            count += 1
+        return count
+
+    # -- durability ------------------------------------------------------------------------
+    def flush(self, offset: int | None = None) -> None:
+        """fsync every segment holding data below ``offset`` (default: the LEO) and advance
+        the recovery point. Safe to call from a worker thread while appends continue."""
+        with self._lock:
+            self._check_online()
+            target = self._log_end_offset if offset is None else min(offset, self._log_end_offset)
+            if target <= self._recovery_point:
+                return
+            start = bisect.bisect_right(self._bases, self._recovery_point) - 1
+            dirty = self._segments[max(start, 0) :]
+        try:
+            for segment in dirty:
+                segment.flush()
+        except OSError as e:
+            with self._lock:
+                self._go_offline(e)
+            raise LogDirOfflineError(f"{self.dir}: fsync failed, log taken offline: {e}") from e
+        with self._lock:
+            if target > self._recovery_point:
+                self._recovery_point = target
+                self._unflushed_messages = 0
+                self._last_flush_ms = self._clock()
+
+    def _flush_locked(self, offset: int) -> None:
+        start = bisect.bisect_right(self._bases, self._recovery_point) - 1
+        for segment in self._segments[max(start, 0) :]:
+            segment.flush()
+        self._recovery_point = offset
+        self._unflushed_messages = 0
+        self._last_flush_ms = self._clock()
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """Periodic flush for ``flush_ms``; called by the LogManager's scheduler."""
+        limit = self.config.flush_ms
+        if limit is None or self._recovery_point >= self._log_end_offset:
+            return False
+        if now_ms - self._last_flush_ms < limit:
+            return False
+        self.flush()
+        return True
+
+    @_io_guarded
+    def close(self) -> None:
+        """Flush, snapshot producer state at the LEO and trim indexes: a clean shutdown."""
+        self._flush_locked(self._log_end_offset)
+        self.producer_state.take_snapshot()
+        for segment in self._segments:
+            segment.close()
+        self._offline = StorageError("closed")
+
+    def abandon(self) -> None:
+        """Close file handles without flushing (tests simulating a crash; directory deletion)."""
+        with self._lock:
+            for segment in self._segments:
+                segment.close()
+            self._offline = StorageError("closed")
+
+
+def _patched(
+    view: memoryview, position: int, header: BatchHeader, *, restamp: bool
+) -> list[bytes | memoryview]:
+    """Buffers holding the batch at ``position`` with the header fields of ``header``.
+
+    Base offset and leader epoch lie outside the CRC, so only a 17-byte prefix is new and the
+    rest is the caller's memory, unchanged. LogAppendTime changes CRC-covered fields, so then
+    the whole 61-byte header is rebuilt and the CRC recomputed incrementally.
+    """
+    end = position + header.size_bytes
+    prefix = _PREFIX.pack(
+        header.base_offset, header.batch_length, header.partition_leader_epoch, header.magic
+    )
+    if not restamp:
+        return [prefix, view[position + 17 : end]]
+    middle = bytearray(view[position + CRC_START : position + HEADER_SIZE])
+    _ATTR_TS.pack_into(
+        middle,
+        0,
+        header.attributes,
+        header.last_offset_delta,
+        header.base_timestamp,
+        header.max_timestamp,
+    )
+    crc = crc32c.crc32c(view[position + HEADER_SIZE : end], crc32c.crc32c(middle))
+    return [prefix + struct.pack(">I", crc), bytes(middle), view[position + HEADER_SIZE : end]]
+
+
+def _read_header(segment: LogSegment, position: int) -> BatchHeader | None:
+    raw = os.pread(segment.handle.fd, HEADER_SIZE, position)
+    return unpack_header(raw) if len(raw) == HEADER_SIZE else None

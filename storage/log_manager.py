@@ -1,0 +1,208 @@
+"""The logs of one node across its data directories, with the per-directory checkpoints.
+
+Each data directory holds partition directories (``<topic>-<partition>``) and these files:
+
+    recovery-point-offset-checkpoint  per partition: first offset not known to be fsynced
+    replication-offset-checkpoint     per partition: the high watermark
+    log-start-offset-checkpoint       per partition: the log start offset
+    .kafka_cleanshutdown              present only between a clean shutdown and the next start
+
+At start-up the marker is read and removed (so a crash from then on is detected), and every
+partition is loaded, recovering it unless the shutdown was clean. An I/O error in a directory
+takes that whole directory offline: its logs stop accepting work and the error is reported,
+while other directories keep running.
+
+Not thread-safe: one owner (the node) calls these methods; each Log has its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from storage.checkpoint import OffsetCheckpointFile
+from storage.config import LogConfig
+from storage.errors import LogDirOfflineError, StorageError
+from storage.loader import load_log
+from storage.log import Log, wall_clock_ms
+from storage.topic_partition import TopicPartition, parse_dir_name
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
+LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+
+_log = logging.getLogger(__name__)
+
+
+class LogManager:
+    """Owns every partition log on a node. See the module docstring."""
+
+    def __init__(
+        self,
+        data_dirs: Sequence[Path],
+        default_config: LogConfig,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        config_for: Callable[[TopicPartition], LogConfig] | None = None,
+    ) -> None:
+        if not data_dirs:
+            raise ValueError("at least one data directory is required")
+        self.data_dirs = [Path(d) for d in data_dirs]
+        self.default_config = default_config
+        self._config_for = config_for
+        self._clock = clock
+        self._logs: dict[TopicPartition, Log] = {}
+        self._log_dir: dict[TopicPartition, Path] = {}
+        self.offline_dirs: dict[Path, str] = {}
+        self.had_clean_shutdown: dict[Path, bool] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def startup(self) -> None:
+        for data_dir in self.data_dirs:
+            try:
+                self._load_dir(data_dir)
+            except (OSError, StorageError) as e:
+                self._mark_offline(data_dir, e)
+
+    def _load_dir(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        marker = data_dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        self.had_clean_shutdown[data_dir] = clean
+        recovery = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read()
+        hws = OffsetCheckpointFile(data_dir / REPLICATION_CHECKPOINT).read()
+        starts = OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).read()
+        for child in sorted(data_dir.iterdir()):
+            if not child.is_dir():
+                continue
+            try:
+                tp = parse_dir_name(child.name)
+            except ValueError:
+                continue
+            self._logs[tp] = load_log(
+                child, self._config(tp),
+                recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp),
+                high_watermark=hws.get(tp), had_clean_shutdown=clean,
+                clock=self._clock, on_offline=self._on_log_offline,
+            )
+            self._log_dir[tp] = data_dir
+        if clean:
+            marker.unlink()
+            _fsync_dir(data_dir)
+        self.checkpoint(data_dir)
+
+    def shutdown(self) -> None:
+        """Close every log cleanly, write the checkpoints and the clean-shutdown markers."""
+        for tp, log in list(self._logs.items()):
+            if log.offline:
+                continue
+            try:
+                log.close()
+            except StorageError as e:
+                _log.error("closing %s failed: %s", tp, e)
+        for data_dir in self.data_dirs:
+            if data_dir in self.offline_dirs:
+                continue
+            self.checkpoint(data_dir, include_closed=True)
+            (data_dir / CLEAN_SHUTDOWN_FILE).touch()
+            _fsync_dir(data_dir)
+        self._logs.clear()
+
+    # -- logs ------------------------------------------------------------------------------
+    def get_log(self, tp: TopicPartition) -> Log | None:
+        return self._logs.get(tp)
+
+    def logs(self) -> dict[TopicPartition, Log]:
+        return dict(self._logs)
+
+    def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        existing = self._logs.get(tp)
+        if existing is not None:
+            return existing
+        data_dir = self._least_loaded_dir()
+        log = load_log(
+            data_dir / tp.dir_name(), config or self._config(tp),
+            clock=self._clock, on_offline=self._on_log_offline,
+        )
+        self._logs[tp], self._log_dir[tp] = log, data_dir
+        return log
+
+    def delete_log(self, tp: TopicPartition) -> None:
+        log = self._logs.pop(tp, None)
+        data_dir = self._log_dir.pop(tp, None)
+        if log is None or data_dir is None:
+            return
+        log.abandon()
+        shutil.rmtree(log.dir, ignore_errors=True)
+        self.checkpoint(data_dir)
+
+    def _least_loaded_dir(self) -> Path:
+        online = [d for d in self.data_dirs if d not in self.offline_dirs]
+        if not online:
+            raise LogDirOfflineError("every data directory is offline")
+        counts = {d: 0 for d in online}
+        for d in self._log_dir.values():
+            if d in counts:
+                counts[d] += 1
+        return min(online, key=lambda d: (counts[d], str(d)))
+
+    def _config(self, tp: TopicPartition) -> LogConfig:
+        return self._config_for(tp) if self._config_for is not None else self.default_config
+
+    # -- periodic work ---------------------------------------------------------------------
+    def run_maintenance(self, now_ms: int | None = None) -> None:
+        """One pass of the background duties: time-based flush, retention, checkpoints."""
+        now = self._clock() if now_ms is None else now_ms
+        for tp, log in list(self._logs.items()):
+            if log.offline:
+                continue
+            try:
+                log.maybe_flush(now)
+                log.delete_old_segments(now)
+            except LogDirOfflineError as e:
+                _log.error("maintenance of %s failed: %s", tp, e)
+        for data_dir in self.data_dirs:
+            if data_dir not in self.offline_dirs:
+                self.checkpoint(data_dir)
+
+    def checkpoint(self, data_dir: Path, *, include_closed: bool = False) -> None:
+        """Write the three offset checkpoints of ``data_dir``."""
+        logs = {tp: log for tp, log in self._logs.items() if self._log_dir[tp] == data_dir}
+        if not include_closed:
+            logs = {tp: log for tp, log in logs.items() if not log.offline}
+        try:
+            OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).write(
+                {tp: log.recovery_point for tp, log in logs.items()})
+            OffsetCheckpointFile(data_dir / REPLICATION_CHECKPOINT).write(
+                {tp: log.high_watermark for tp, log in logs.items()})
+            OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).write(
+                {tp: log.log_start_offset for tp, log in logs.items()})
+        except OSError as e:
+            self._mark_offline(data_dir, e)
+
+    # -- failures --------------------------------------------------------------------------
+    def _on_log_offline(self, log_dir: Path, error: BaseException) -> None:
+        self._mark_offline(log_dir.parent, error)
+
+    def _mark_offline(self, data_dir: Path, error: BaseException) -> None:
+        if data_dir in self.offline_dirs:
+            return
+        self.offline_dirs[data_dir] = str(error)
+        _log.error("data directory %s is offline: %s", data_dir, error)
+        for tp, d in self._log_dir.items():
+            if d == data_dir:
+                log = self._logs.get(tp)
+                if log is not None and not log.offline:
+                    log.abandon()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,361 @@
+"""One log segment: a ``.log`` file of record batches plus its ``.index`` and ``.timeindex``.
+
+Files, named by the segment's 20-digit zero-padded base offset::
+
+    00000000000000147001.log        v2 record batches, back to back, strictly increasing offsets
+    00000000000000147001.index      sparse offset index (see index.py)
+    00000000000000147001.timeindex  sparse time index (see index.py)
+
+Appends go through ``os.writev`` of caller-supplied buffers, so the batch bytes are never
+copied in Python; an index entry (batch last offset -> batch position) is added once more than
+``index_interval_bytes`` have been written since the previous one. Reads return a
+:class:`FileSlice` (file descriptor, position, length) for ``sendfile``; the descriptor stays
+valid for as long as any slice refers to it, even after the segment is deleted.
+
+Not thread-safe for mutation: the owning Log's single writer calls append/truncate/recover/
+roll. ``read`` and ``translate_offset`` may run concurrently with an append.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.batch import LOG_OVERHEAD, BatchHeader, validate_batch
+from storage.errors import CorruptRecordError, InvalidRecordError, invariant
+from storage.index import OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+_SCAN_HEADER = struct.Struct(">qi")  # base offset, batch length
+_LAST_DELTA = struct.Struct(">i")
+_POS_LAST_DELTA = 23
+_RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+_IOV_MAX = 1024
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class FileHandle:
+    """An open read-write descriptor of a segment's .log file, closed when unreferenced."""
+
+    __slots__ = ("__weakref__", "_finalizer", "fd", "path")
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        self.path = path
+        self._finalizer = weakref.finalize(self, os.close, self.fd)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """A zero-copy view of part of a segment file: send it with ``os.sendfile``."""
+
+    handle: FileHandle
+    position: int
+    length: int
+
+    @property
+    def fd(self) -> int:
+        return self.handle.fd
+
+    def read(self) -> bytes:
+        return os.pread(self.handle.fd, self.length, self.position)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPosition:
+    """Where a batch begins in the data being appended (relative byte position)."""
+
+    position: int
+    header: BatchHeader
+
+
+class LogSegment:
+    """A .log file with its indexes. See the module docstring for the contract."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        max_index_bytes: int,
+        created_ms: int,
+        create: bool = False,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self.handle = FileHandle(self.log_path, create=create)
+        self.size = os.fstat(self.handle.fd).st_size
+        self.offset_index = OffsetIndex(
+            directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset, max_index_bytes
+        )
+        self.time_index = TimeIndex(
+            directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX),
+            base_offset,
+            max_index_bytes,
+        )
+        self.created_ms = created_ms
+        self.rolling_base_timestamp: int | None = None
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = base_offset
+        self._bytes_since_index_entry = 0
+        if not create and self.time_index.entries:
+            self.max_timestamp, self.offset_of_max_timestamp = self.time_index.last_entry()
+
+    # -- appends -------------------------------------------------------------------------
+    def append(
+        self, buffers: Sequence[bytes | bytearray | memoryview], batches: Sequence[BatchPosition]
+    ) -> None:
+        """Write ``buffers`` (the concatenated batches described by ``batches``) at the end."""
+        start = self.size
+        written = _writev_all(self.handle.fd, buffers)
+        for item in batches:
+            self._index_batch(start + item.position, item.header)
+        self.size = start + written
+        if self.rolling_base_timestamp is None and batches:
+            self.rolling_base_timestamp = batches[0].header.max_timestamp
+
+    def _index_batch(self, file_position: int, header: BatchHeader) -> None:
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.offset_of_max_timestamp = header.last_offset
+        if self._bytes_since_index_entry > self.index_interval_bytes:
+            self.offset_index.append(header.last_offset, file_position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += header.size_bytes
+
+    def can_hold(self, next_offset: int) -> bool:
+        """Whether ``next_offset`` is expressible relative to this segment's base."""
+        return 0 <= next_offset - self.base_offset <= 2**31 - 1
+
+    def indexes_full(self) -> bool:
+        return self.offset_index.is_full() or self.time_index.is_full()
+
+    def time_waited_for_roll(self, now_ms: int, batch_max_timestamp: int) -> int:
+        if self.rolling_base_timestamp is not None and self.rolling_base_timestamp >= 0:
+            return batch_max_timestamp - self.rolling_base_timestamp
+        return now_ms - self.created_ms
+
+    # -- reads ---------------------------------------------------------------------------
+    def _batch_at(self, position: int) -> tuple[int, int, int] | None:
+        """(base offset, last offset, size) of the batch at ``position``, or None at a tail."""
+        raw = os.pread(self.handle.fd, _POS_LAST_DELTA + 4, position)
+        if len(raw) < _POS_LAST_DELTA + 4:
+            return None
+        base_offset, length = _SCAN_HEADER.unpack_from(raw)
+        (delta,) = _LAST_DELTA.unpack_from(raw, _POS_LAST_DELTA)
+        return base_offset, base_offset + delta, length + LOG_OVERHEAD
+
+    def translate_offset(self, offset: int, start_position: int = 0) -> tuple[int, int] | None:
+        """(position, size) of the first batch whose last offset is >= ``offset``."""
+        _, position = self.offset_index.lookup(offset)
+        position = max(position, start_position)
+        size = self.size
+        while position < size:
+            found = self._batch_at(position)
+            if found is None:
+                return None
+            _, last_offset, batch_size = found
+            if last_offset >= offset:
+                return position, batch_size
+            position += batch_size
+        return None
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_position: int, *, min_one_batch: bool
+    ) -> FileSlice | None:
+        """A slice from the batch holding ``start_offset`` up to ``max_position``/``max_bytes``."""
+        found = self.translate_offset(start_offset)
+        if found is None:
+            return None
+        position, first_batch_size = found
+        limit = max(max_bytes, first_batch_size) if min_one_batch else max_bytes
+        length = min(max_position - position, limit)
+        if length <= 0:
+            return None
+        return FileSlice(self.handle, position, length)
+
+    def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch at/after ``start_offset`` with max ts >= ts."""
+        _, indexed_offset = self.time_index.lookup(timestamp)
+        _, position = self.offset_index.lookup(max(indexed_offset, start_offset))
+        size = self.size
+        while position < size:
+            raw = os.pread(self.handle.fd, 43, position)
+            if len(raw) < 43:
+                return None
+            base_offset, length = _SCAN_HEADER.unpack_from(raw)
+            (delta,) = _LAST_DELTA.unpack_from(raw, _POS_LAST_DELTA)
+            (max_ts,) = struct.unpack_from(">q", raw, 35)
+            if max_ts >= timestamp and base_offset + delta >= start_offset:
+                return max(base_offset, start_offset), max_ts
+            position += length + LOG_OVERHEAD
+        return None
+
+    def read_next_offset(self) -> int:
+        """The offset after the last batch (base offset if empty), from the index + a scan."""
+        offset, position = self.offset_index.last_entry()
+        next_offset = self.base_offset
+        size = self.size
+        while position < size:
+            found = self._batch_at(position)
+            if found is None:
+                break
+            _, last_offset, batch_size = found
+            next_offset = last_offset + 1
+            position += batch_size
+        return max(next_offset, self.base_offset)
+
+    # -- recovery, truncation, lifecycle ---------------------------------------------------
+    def recover(
+        self,
+        on_batch: Callable[[BatchHeader], None],
+        *,
+        max_batch_bytes: int,
+        expected_next_offset: int | None = None,
+    ) -> int:
+        """Re-validate every batch, rebuild both indexes, cut the file at the first bad byte.
+
+        ``on_batch`` sees each valid header in order (epoch cache, producer state). Returns the
+        number of bytes truncated.
+        """
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
+        self._bytes_since_index_entry = 0
+        self.rolling_base_timestamp = None
+        valid = 0
+        next_offset = self.base_offset if expected_next_offset is None else expected_next_offset
+        for position, header in _scan_valid_batches(self.handle.fd, self.size, max_batch_bytes):
+            if header.base_offset < next_offset or header.last_offset < header.base_offset:
+                break  # offsets must strictly increase: anything else is garbage
+            self._index_batch(position, header)
+            if self.rolling_base_timestamp is None:
+                self.rolling_base_timestamp = header.max_timestamp
+            on_batch(header)
+            next_offset = header.next_offset
+            valid = position + header.size_bytes
+        truncated = self.size - valid
+        if truncated:
+            os.ftruncate(self.handle.fd, valid)
+            self.size = valid
+        return truncated
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; returns bytes removed."""
+        found = self.translate_offset(offset)
+        if found is None:
+            return 0
+        position = found[0]
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        removed = self.size - position
+        os.ftruncate(self.handle.fd, position)
+        self.size = position
+        self._bytes_since_index_entry = 0
+        if self.time_index.entries:
+            self.max_timestamp, self.offset_of_max_timestamp = self.time_index.last_entry()
+        else:
+            self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
+        if self.size == 0:
+            self.rolling_base_timestamp = None
+        return removed
+
+    def on_become_inactive(self) -> None:
+        """Record the final max timestamp and trim the pre-allocated index files."""
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(
+                self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True
+            )
+        self.offset_index.trim()
+        self.time_index.trim()
+
+    def flush(self) -> None:
+        os.fdatasync(self.handle.fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        self.offset_index.close()
+        self.time_index.close()
+        self.handle.close()
+
+    def delete(self) -> None:
+        """Unlink the files. The descriptor is not closed here: open slices (and a flush in
+        another thread) keep using it until the last reference is dropped."""
+        self.offset_index.delete()
+        self.time_index.delete()
+        self.log_path.unlink(missing_ok=True)
+
+    def last_modified_ms(self) -> int:
+        return int(os.fstat(self.handle.fd).st_mtime * 1000)
+
+    def largest_timestamp(self) -> int:
+        return self.max_timestamp if self.max_timestamp >= 0 else self.last_modified_ms()
+
+
+def _writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
+    """Write every buffer at the end of ``fd``; returns bytes written."""
+    total = 0
+    pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while pending:
+        chunk = pending[:_IOV_MAX]
+        n = os.writev(fd, chunk) if len(chunk) > 1 else os.write(fd, chunk[0])
+        total += n
+        invariant(n > 0, "writev wrote nothing")
+        # Drop fully written buffers; keep the unwritten part of a partial one.
+        while n:
+            head = pending[0]
+            if n >= len(head):
+                n -= len(head)
+                pending.pop(0)
+            else:
+                pending[0] = head[n:]
+                n = 0
+    return total
+
+
+def _scan_valid_batches(
+    fd: int, size: int, max_batch_bytes: int
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of valid batches from the start of the file, stopping silently
+    at the first invalid or truncated one. Reads the file in large chunks."""
+    position = 0
+    buf = b""
+    buf_start = 0
+    while position < size:
+        rel = position - buf_start
+        if len(buf) - rel < LOG_OVERHEAD:
+            buf = os.pread(fd, max(_RECOVERY_CHUNK_BYTES, LOG_OVERHEAD), position)
+            buf_start, rel = position, 0
+            if len(buf) < LOG_OVERHEAD:
+                return
+        _, length = _SCAN_HEADER.unpack_from(buf, rel)
+        batch_size = length + LOG_OVERHEAD
+        if length < 0 or batch_size > max_batch_bytes or position + batch_size > size:
+            return
+        if len(buf) - rel < batch_size:
+            buf = os.pread(fd, max(_RECOVERY_CHUNK_BYTES, batch_size), position)
+            buf_start, rel = position, 0
+        try:
+            header = validate_batch(memoryview(buf)[rel : rel + batch_size])
+        except (CorruptRecordError, InvalidRecordError):
+            return
+        yield position, header
+        position += batch_size
