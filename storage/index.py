@@ -49,6 +49,10 @@ class _MappedIndex:
         self._mm: mmap.mmap | None = None
         self._capacity = 0
         self.entries = 0
+        # A new index grows to its pre-allocated size; an existing one is mapped at its size
+        # until something appends to it (a reopened active segment), so lookups on old
+        # segments never re-grow trimmed files.
+        self._growable = not path.exists()
         if path.exists():
             size = path.stat().st_size
             if size % self.entry_size:
@@ -60,10 +64,17 @@ class _MappedIndex:
         if self._mm is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             used = self.entries * self.entry_size
-            self._capacity = max(self._max_bytes, used)
-            os.ftruncate(self._fd, self._capacity)
+            self._capacity = max(self._max_bytes, used) if self._growable else used
+            if self._growable:
+                os.ftruncate(self._fd, self._capacity)
             self._mm = mmap.mmap(self._fd, self._capacity)
         return self._mm
+
+    def _open_for_append(self) -> mmap.mmap:
+        if not self._growable:
+            self._close_map()
+            self._growable = True
+        return self._open()
 
     @property
     def max_entries(self) -> int:
@@ -87,6 +98,7 @@ class _MappedIndex:
     def trim(self) -> None:
         """Cut the file to its valid entries (on roll and close); unmaps it."""
         self._close_map()
+        self._growable = False
         with open(self.path, "r+b" if self.path.exists() else "w+b") as f:
             f.truncate(self.entries * self.entry_size)
 
@@ -142,7 +154,8 @@ class OffsetIndex(_MappedIndex):
         if self.entries and offset <= self.last_entry()[0]:
             raise InvariantViolation(f"{self.path}: offset index append {offset} not increasing")
         invariant(not self.is_full(), f"{self.path}: offset index is full")
-        _OFFSET_ENTRY.pack_into(self._open(), self.entries * 8, self.relative(offset), position)
+        mm = self._open_for_append()
+        _OFFSET_ENTRY.pack_into(mm, self.entries * 8, self.relative(offset), position)
         self.entries += 1
 
     def lookup(self, offset: int) -> tuple[int, int]:
@@ -210,7 +223,8 @@ class TimeIndex(_MappedIndex):
                 raise InvariantViolation(f"{self.path}: time index offset {offset} went back")
         if self.entries >= self.max_entries:
             return  # only reachable with skip_full_check on a completely full file
-        _TIME_ENTRY.pack_into(self._open(), self.entries * 12, timestamp, self.relative(offset))
+        mm = self._open_for_append()
+        _TIME_ENTRY.pack_into(mm, self.entries * 12, timestamp, self.relative(offset))
         self.entries += 1
 
     def lookup(self, timestamp: int) -> tuple[int, int]:

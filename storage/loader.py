@@ -19,11 +19,12 @@ Passes, in order:
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from storage.batch import BatchHeader, NO_PARTITION_LEADER_EPOCH
+from storage.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
 from storage.config import LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InconsistentLogError
@@ -81,12 +82,18 @@ def load_log(
         directory, producer_id_expiration_ms=config.producer_id_expiration_ms
     )
     log = Log(
-        directory, config, segments,
-        log_start_offset=start, high_watermark=hw, recovery_point=recovery_point,
-        epoch_cache=epoch_cache, producer_state=producer_state, clock=clock,
+        directory,
+        config,
+        segments,
+        log_start_offset=start,
+        high_watermark=hw,
+        recovery_point=recovery_point,
+        epoch_cache=epoch_cache,
+        producer_state=producer_state,
+        clock=clock,
         on_offline=on_offline,
     )
-    _rebuild_producer_state(log, clock())
+    log.reload_producer_state()
     return log
 
 
@@ -130,9 +137,9 @@ def _open_segments(directory: Path, config: LogConfig, now_ms: int) -> list[LogS
             bases.add(int(stem))
     for path in directory.iterdir():
         stem, _, suffix = path.name.partition(".")
-        if "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and stem.isdigit():
-            if int(stem) not in bases:
-                path.unlink()  # an orphan index has nothing to index
+        orphan = stem.isdigit() and int(stem) not in bases
+        if "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and orphan:
+            path.unlink()  # an orphan index has nothing to index
     segments = []
     for base in sorted(bases):
         segments.append(_open_segment(directory, config, base, now_ms))
@@ -142,9 +149,11 @@ def _open_segments(directory: Path, config: LogConfig, now_ms: int) -> list[LogS
 def _open_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
     try:
         return LogSegment(
-            directory, base,
+            directory,
+            base,
             index_interval_bytes=config.index_interval_bytes,
-            max_index_bytes=config.segment_index_bytes, created_ms=now_ms,
+            max_index_bytes=config.segment_index_bytes,
+            created_ms=now_ms,
         )
     except CorruptIndexError:
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
@@ -154,9 +163,12 @@ def _open_segment(directory: Path, config: LogConfig, base: int, now_ms: int) ->
 
 def _create_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
     return LogSegment(
-        directory, base,
+        directory,
+        base,
         index_interval_bytes=config.index_interval_bytes,
-        max_index_bytes=config.segment_index_bytes, created_ms=now_ms, create=True,
+        max_index_bytes=config.segment_index_bytes,
+        created_ms=now_ms,
+        create=True,
     )
 
 
@@ -212,18 +224,10 @@ def _max_batch(config: LogConfig) -> int:
 def _check_contiguous(directory: Path, segments: list[LogSegment], config: LogConfig) -> None:
     if config.compact:
         return  # compaction leaves legitimate gaps between segments
-    for segment, following in zip(segments, segments[1:], strict=False):
+    for segment, following in itertools.pairwise(segments):
         end = segment.read_next_offset()
         if end != following.base_offset and segment.size > 0:
             raise InconsistentLogError(
                 f"{directory}: segment {segment.base_offset} ends at offset {end} but the next "
                 f"segment starts at {following.base_offset}; segments are missing"
             )
-
-
-def _rebuild_producer_state(log: Log, now_ms: int) -> None:
-    ps = log.producer_state
-    ps.truncate_and_reload(log.log_start_offset, log.log_end_offset, now_ms)
-    for _, _, header in log.batches(ps.map_end_offset):
-        if header.has_producer_id:
-            ps.update(header)

@@ -313,6 +313,7 @@ class Log:
             if item.header.has_producer_id:
                 self.producer_state.update(item.header)
         self._log_end_offset = last.next_offset
+        self.producer_state.update_map_end_offset(self._log_end_offset)
         self._unflushed_messages += records
         self._maybe_flush_after_append()
         return AppendInfo(
@@ -486,7 +487,7 @@ class Log:
         active.truncate_to(offset)
         self._log_end_offset = active.read_next_offset()
         self.epoch_cache.truncate_from_end(self._log_end_offset)
-        self._reload_producer_state()
+        self.reload_producer_state()
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._check_offsets()
@@ -509,12 +510,14 @@ class Log:
         self._log_start_offset = self._high_watermark = self._log_end_offset = offset
         self._recovery_point = offset
 
-    def _reload_producer_state(self) -> None:
+    def reload_producer_state(self) -> None:
+        """Load the newest producer snapshot and replay the batches after it to the LEO."""
         ps = self.producer_state
         ps.truncate_and_reload(self._log_start_offset, self._log_end_offset, self._clock())
         for _, _, header in self.batches(ps.map_end_offset):
             if header.has_producer_id:
                 ps.update(header)
+        ps.update_map_end_offset(self._log_end_offset)
 
     # -- retention -------------------------------------------------------------------------
     @_io_guarded

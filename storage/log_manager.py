@@ -84,10 +84,14 @@ class LogManager:
             except ValueError:
                 continue
             self._logs[tp] = load_log(
-                child, self._config(tp),
-                recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp),
-                high_watermark=hws.get(tp), had_clean_shutdown=clean,
-                clock=self._clock, on_offline=self._on_log_offline,
+                child,
+                self._config(tp),
+                recovery_point=recovery.get(tp, 0),
+                log_start_offset=starts.get(tp),
+                high_watermark=hws.get(tp),
+                had_clean_shutdown=clean,
+                clock=self._clock,
+                on_offline=self._on_log_offline,
             )
             self._log_dir[tp] = data_dir
         if clean:
@@ -125,8 +129,10 @@ class LogManager:
             return existing
         data_dir = self._least_loaded_dir()
         log = load_log(
-            data_dir / tp.dir_name(), config or self._config(tp),
-            clock=self._clock, on_offline=self._on_log_offline,
+            data_dir / tp.dir_name(),
+            config or self._config(tp),
+            clock=self._clock,
+            on_offline=self._on_log_offline,
         )
         self._logs[tp], self._log_dir[tp] = log, data_dir
         return log
@@ -176,11 +182,14 @@ class LogManager:
             logs = {tp: log for tp, log in logs.items() if not log.offline}
         try:
             OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).write(
-                {tp: log.recovery_point for tp, log in logs.items()})
+                {tp: log.recovery_point for tp, log in logs.items()}
+            )
             OffsetCheckpointFile(data_dir / REPLICATION_CHECKPOINT).write(
-                {tp: log.high_watermark for tp, log in logs.items()})
+                {tp: log.high_watermark for tp, log in logs.items()}
+            )
             OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).write(
-                {tp: log.log_start_offset for tp, log in logs.items()})
+                {tp: log.log_start_offset for tp, log in logs.items()}
+            )
         except OSError as e:
             self._mark_offline(data_dir, e)
 
