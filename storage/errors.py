@@ -76,7 +76,7 @@ class CorruptSnapshotError(StorageError):
     """A producer-state snapshot failed its checksum; it is discarded and rebuilt."""
 
 
-class InvariantViolation(AssertionError):  # noqa: N818 - named for what it is
+class InvariantViolation(AssertionError):
     """A programmer error: the engine's own invariant broke. Never caught."""
 
 

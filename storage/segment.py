@@ -210,7 +210,7 @@ class LogSegment:
 
     def read_next_offset(self) -> int:
         """The offset after the last batch (base offset if empty), from the index + a scan."""
-        offset, position = self.offset_index.last_entry()
+        _, position = self.offset_index.last_entry()
         next_offset = self.base_offset
         size = self.size
         while position < size:

@@ -259,7 +259,7 @@ def test_retention_by_time_deletes_whole_old_segments(open_log: OpenLog, clock: 
     old_ts = clock.now_ms - 60_000
     for i in range(10):
         log.append_as_leader(make_batch([b"o" * 100], timestamp_ms=old_ts + i), leader_epoch=0)
-    for i in range(3):
+    for _ in range(3):
         log.append_as_leader(make_batch([b"n" * 100], timestamp_ms=clock.now_ms), leader_epoch=0)
     log.update_high_watermark(log.log_end_offset)
     deleted = log.delete_old_segments()
