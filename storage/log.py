@@ -519,6 +519,41 @@ class Log:
                 ps.update(header)
         ps.update_map_end_offset(self._log_end_offset)
 
+    # -- compaction ------------------------------------------------------------------------
+    @_io_guarded
+    def replace_segments(self, old_bases: Sequence[int], swap_path: Path) -> LogSegment:
+        """Swap a finished compaction output in for the segments at ``old_bases``.
+
+        ``swap_path`` is a fsynced ``<base>.<end>.log.swap`` file (see loader.swap_file_name):
+        should the process die during the swap, the loader completes it. The old segments
+        must be contiguous, inactive and still present; readers holding slices of them keep
+        reading the old bytes.
+        """
+        first = bisect.bisect_left(self._bases, old_bases[0])
+        chosen = self._segments[first : first + len(old_bases)]
+        invariant(
+            [s.base_offset for s in chosen] == list(old_bases)
+            and first + len(old_bases) < len(self._segments),
+            f"{self.dir}: segments {list(old_bases)} are not a run of inactive segments",
+        )
+        for segment in chosen:
+            segment.delete()
+        live = self.dir / f"{old_bases[0]:020d}.log"
+        os.replace(swap_path, live)
+        segment = LogSegment(
+            self.dir,
+            old_bases[0],
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_index_bytes=self.config.segment_index_bytes,
+            created_ms=self._clock(),
+        )
+        segment.recover(lambda _: None, max_batch_bytes=segment.size + 1)
+        segment.on_become_inactive()
+        segment.flush()
+        self._segments[first : first + len(old_bases)] = [segment]
+        self._bases[first : first + len(old_bases)] = [segment.base_offset]
+        return segment
+
     # -- retention -------------------------------------------------------------------------
     @_io_guarded
     def delete_old_segments(self, now_ms: int | None = None) -> int:
