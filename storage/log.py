@@ -145,6 +145,7 @@ class Log:
         self._recovery_point = min(recovery_point, self._log_end_offset)
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
+        self.flush_count = 0  # fsync rounds done, for metrics and group-commit tests
         self._check_offsets()
 
     # -- offsets ---------------------------------------------------------------------------
@@ -618,6 +619,7 @@ class Log:
                 self._go_offline(e)
             raise LogDirOfflineError(f"{self.dir}: fsync failed, log taken offline: {e}") from e
         with self._lock:
+            self.flush_count += 1
             if target > self._recovery_point:
                 self._recovery_point = target
                 self._unflushed_messages = 0
@@ -627,6 +629,7 @@ class Log:
         start = bisect.bisect_right(self._bases, self._recovery_point) - 1
         for segment in self._segments[max(start, 0) :]:
             segment.flush()
+        self.flush_count += 1
         self._recovery_point = offset
         self._unflushed_messages = 0
         self._last_flush_ms = self._clock()

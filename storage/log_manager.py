@@ -18,12 +18,11 @@ Not thread-safe: one owner (the node) calls these methods; each Log has its own 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from storage.checkpoint import OffsetCheckpointFile
+from storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from storage.config import LogConfig
 from storage.errors import LogDirOfflineError, StorageError
 from storage.loader import load_log
@@ -96,7 +95,7 @@ class LogManager:
             self._log_dir[tp] = data_dir
         if clean:
             marker.unlink()
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
         self.checkpoint(data_dir)
 
     def shutdown(self) -> None:
@@ -113,7 +112,7 @@ class LogManager:
                 continue
             self.checkpoint(data_dir, include_closed=True)
             (data_dir / CLEAN_SHUTDOWN_FILE).touch()
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
         self._logs.clear()
 
     # -- logs ------------------------------------------------------------------------------
@@ -207,11 +206,3 @@ class LogManager:
                 log = self._logs.get(tp)
                 if log is not None and not log.offline:
                     log.abandon()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,0 +1,141 @@
+"""LogManager on real data directories: checkpoints, the clean-shutdown marker, recovery,
+offline directories; and group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from support import FakeClock, make_batch
+
+from storage.checkpoint import OffsetCheckpointFile
+from storage.config import LogConfig
+from storage.errors import LogDirOfflineError
+from storage.group_commit import GroupCommit
+from storage.log import Isolation
+from storage.log_manager import (
+    CLEAN_SHUTDOWN_FILE,
+    LOG_START_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_CHECKPOINT,
+    LogManager,
+)
+from storage.records import iter_decoded
+from storage.topic_partition import TopicPartition
+
+TP = TopicPartition("orders", 2)
+
+
+def test_clean_shutdown_writes_checkpoints_and_the_marker(tmp_path: Path) -> None:
+    manager = LogManager([tmp_path], LogConfig(segment_bytes=500), clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    for i in range(10):
+        log.append_as_leader(make_batch([b"%d" % i * 50]), leader_epoch=1)
+    log.update_high_watermark(8)
+    log.maybe_increment_log_start_offset(2)
+    manager.shutdown()
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    assert (tmp_path / "orders-2" / "leader-epoch-checkpoint").read_text() == "0\n1\n1 2\n"
+    assert OffsetCheckpointFile(tmp_path / REPLICATION_CHECKPOINT).read() == {TP: 8}
+    assert OffsetCheckpointFile(tmp_path / LOG_START_CHECKPOINT).read() == {TP: 2}
+    assert OffsetCheckpointFile(tmp_path / RECOVERY_POINT_CHECKPOINT).read() == {TP: 10}
+    text = (tmp_path / REPLICATION_CHECKPOINT).read_text()
+    assert text == "0\n1\norders 2 8\n"
+
+    again = LogManager([tmp_path], LogConfig(segment_bytes=500), clock=FakeClock())
+    again.startup()
+    assert again.had_clean_shutdown[tmp_path]
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()  # a crash from now on is detected
+    reopened = again.get_log(TP)
+    assert reopened is not None
+    assert (reopened.log_start_offset, reopened.high_watermark, reopened.log_end_offset) == (
+        2,
+        8,
+        10,
+    )
+    again.shutdown()
+
+
+def test_unclean_restart_recovers_from_the_recovery_point(tmp_path: Path) -> None:
+    manager = LogManager([tmp_path], LogConfig(segment_bytes=400), clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    for i in range(20):
+        log.append_as_leader(make_batch([b"v%02d" % i + b"-" * 40]), leader_epoch=0)
+    log.flush(5)
+    manager.checkpoint(tmp_path)
+    last_segment = log.segments[-1].log_path
+    log.abandon()  # crash: no marker, no final checkpoint
+    with last_segment.open("ab") as f:
+        f.write(b"\x00\x00\x00\x00garbage-from-a-torn-write")
+    again = LogManager([tmp_path], LogConfig(segment_bytes=400), clock=FakeClock())
+    again.startup()
+    assert not again.had_clean_shutdown[tmp_path]
+    reopened = again.get_log(TP)
+    assert reopened is not None and reopened.log_end_offset == 20
+    assert reopened.recovery_point == 20  # recovered segments were flushed
+    data = reopened.read(0, 1 << 30, isolation=Isolation.LOG_END)
+    assert data.slice is not None
+    values = [r.value for b in iter_decoded(data.slice.read()) for r in b.records]
+    assert values[0] == b"v00" + b"-" * 40
+    again.shutdown()
+
+
+def test_partitions_spread_over_data_dirs(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    manager = LogManager(dirs, LogConfig())
+    manager.startup()
+    for p in range(4):
+        manager.get_or_create_log(TopicPartition("t", p))
+    assert len(list(dirs[0].glob("t-*"))) == 2
+    assert len(list(dirs[1].glob("t-*"))) == 2
+    manager.delete_log(TopicPartition("t", 0))
+    assert manager.get_log(TopicPartition("t", 0)) is None
+    assert len(list(tmp_path.glob("*/t-0"))) == 0
+    manager.shutdown()
+
+
+def test_an_io_error_takes_only_its_data_dir_offline(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    manager = LogManager(dirs, LogConfig())
+    manager.startup()
+    broken = manager.get_or_create_log(TopicPartition("t", 0))
+    healthy = manager.get_or_create_log(TopicPartition("t", 1))
+    fd = broken.active_segment.handle.fd
+    broken.active_segment.handle._finalizer.detach()
+    os.close(fd)  # every write to this segment now fails with EBADF
+    with pytest.raises(LogDirOfflineError):
+        broken.append_as_leader(make_batch([b"x"]), leader_epoch=0)
+    assert dirs[0] in manager.offline_dirs
+    healthy.append_as_leader(make_batch([b"y"]), leader_epoch=0)
+    assert healthy.log_end_offset == 1
+    # New partitions go to the directory that still works.
+    assert manager.get_or_create_log(TopicPartition("t", 2)).dir.parent == dirs[1]
+    manager.shutdown()
+    assert not (dirs[0] / CLEAN_SHUTDOWN_FILE).exists()
+    assert (dirs[1] / CLEAN_SHUTDOWN_FILE).exists()
+
+
+def test_group_commit_covers_concurrent_appends_with_few_fsyncs(tmp_path: Path) -> None:
+    manager = LogManager([tmp_path], LogConfig())
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    commit = GroupCommit(log)
+
+    async def producer(i: int) -> int:
+        info = log.append_as_leader(make_batch([b"%d" % i]), leader_epoch=0)
+        await commit.durable(info.last_offset + 1)
+        assert log.recovery_point > info.last_offset
+        return info.last_offset
+
+    async def main() -> list[int]:
+        return await asyncio.wait_for(asyncio.gather(*(producer(i) for i in range(50))), 30)
+
+    offsets = asyncio.run(main())
+    assert sorted(offsets) == list(range(50))
+    assert log.recovery_point == 50
+    assert 1 <= log.flush_count < 10  # 50 durable appends, a handful of fsyncs
+    manager.shutdown()
