@@ -31,7 +31,7 @@ from storage.errors import InconsistentLogError
 from storage.index import CorruptIndexError
 from storage.log import LEADER_EPOCH_CHECKPOINT, Log, wall_clock_ms
 from storage.producer_state import ProducerStateManager
-from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
+from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, open_segment
 
 SWAP_SUFFIX = ".swap"
 _LEFTOVER_SUFFIXES = (".tmp", ".cleaned", ".deleted")
@@ -61,7 +61,7 @@ def load_log(
                 f"{max(recovery_point, log_start_offset or 0, high_watermark or 0)} but no "
                 f"segment files exist; they were deleted behind the engine's back"
             )
-        segments = [_create_segment(directory, config, 0, clock())]
+        segments = [open_segment(directory, 0, config, clock(), create=True)]
     recovered = _recover(segments, config, epoch_cache, recovery_point, had_clean_shutdown)
     _check_contiguous(directory, segments, config)
     log_end = segments[-1].read_next_offset()
@@ -148,28 +148,11 @@ def _open_segments(directory: Path, config: LogConfig, now_ms: int) -> list[LogS
 
 def _open_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
     try:
-        return LogSegment(
-            directory,
-            base,
-            index_interval_bytes=config.index_interval_bytes,
-            max_index_bytes=config.segment_index_bytes,
-            created_ms=now_ms,
-        )
+        return open_segment(directory, base, config, now_ms)
     except CorruptIndexError:
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
         return _open_segment(directory, config, base, now_ms)
-
-
-def _create_segment(directory: Path, config: LogConfig, base: int, now_ms: int) -> LogSegment:
-    return LogSegment(
-        directory,
-        base,
-        index_interval_bytes=config.index_interval_bytes,
-        max_index_bytes=config.segment_index_bytes,
-        created_ms=now_ms,
-        create=True,
-    )
 
 
 def _needs_index_rebuild(segment: LogSegment) -> bool:

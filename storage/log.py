@@ -49,7 +49,7 @@ from storage.errors import (
     invariant,
 )
 from storage.producer_state import ProducerStateManager
-from storage.segment import BatchPosition, FileSlice, LogSegment
+from storage.segment import BatchPosition, FileSlice, LogSegment, open_segment
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 _PREFIX = struct.Struct(">qiib")  # base offset, batch length, leader epoch, magic
@@ -369,14 +369,7 @@ class Log:
         return segment
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
-        return LogSegment(
-            self.dir,
-            base_offset,
-            index_interval_bytes=self.config.index_interval_bytes,
-            max_index_bytes=self.config.segment_index_bytes,
-            created_ms=now_ms,
-            create=True,
-        )
+        return open_segment(self.dir, base_offset, self.config, now_ms, create=True)
 
     # -- reads -----------------------------------------------------------------------------
     def read(
@@ -541,13 +534,7 @@ class Log:
             segment.delete()
         live = self.dir / f"{old_bases[0]:020d}.log"
         os.replace(swap_path, live)
-        segment = LogSegment(
-            self.dir,
-            old_bases[0],
-            index_interval_bytes=self.config.index_interval_bytes,
-            max_index_bytes=self.config.segment_index_bytes,
-            created_ms=self._clock(),
-        )
+        segment = open_segment(self.dir, old_bases[0], self.config, self._clock())
         segment.recover(lambda _: None, max_batch_bytes=segment.size + 1)
         segment.on_become_inactive()
         segment.flush()

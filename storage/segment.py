@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.batch import LOG_OVERHEAD, BatchHeader, validate_batch
+from storage.config import LogConfig
 from storage.errors import CorruptRecordError, InvalidRecordError, invariant
 from storage.index import OffsetIndex, TimeIndex
 
@@ -308,6 +309,20 @@ class LogSegment:
 
     def largest_timestamp(self) -> int:
         return self.max_timestamp if self.max_timestamp >= 0 else self.last_modified_ms()
+
+
+def open_segment(
+    directory: Path, base_offset: int, config: LogConfig, now_ms: int, *, create: bool = False
+) -> LogSegment:
+    """Open (or with ``create``, start) the segment at ``base_offset`` with ``config``."""
+    return LogSegment(
+        directory,
+        base_offset,
+        index_interval_bytes=config.index_interval_bytes,
+        max_index_bytes=config.segment_index_bytes,
+        created_ms=now_ms,
+        create=create,
+    )
 
 
 def _writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
