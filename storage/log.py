@@ -49,6 +49,7 @@ from storage.errors import (
     invariant,
 )
 from storage.producer_state import ProducerStateManager
+from storage.records import decode_batch
 from storage.segment import BatchPosition, FileSlice, LogSegment, open_segment
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
@@ -287,6 +288,8 @@ class Log:
                     f"follower batch offsets not increasing: {header.base_offset} after "
                     f"{previous_last}"
                 )
+            if leader and self.config.compact:
+                self._require_keys(view, position)
             previous_last = header.last_offset
             headers.append((position, header))
             position += header.size_bytes
@@ -295,6 +298,15 @@ class Log:
                 f"append of {position} bytes exceeds segment_bytes {self.config.segment_bytes}"
             )
         return headers
+
+    def _require_keys(self, view: memoryview, position: int) -> None:
+        """Compaction keeps the latest record per key, so a compacted log needs keys; this
+        is the one place the append path decodes records (as Kafka's validator does)."""
+        batch = decode_batch(
+            view, position, max_uncompressed_bytes=self.config.max_decompressed_batch_bytes
+        )
+        if not batch.header.is_control and any(r.key is None for r in batch.records):
+            raise InvalidRecordError("a compacted topic cannot accept a record without a key")
 
     def _write(
         self,

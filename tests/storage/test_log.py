@@ -381,3 +381,11 @@ def test_flush_messages_and_flush_ms(open_log: OpenLog, clock: FakeClock) -> Non
     clock.advance(1500)
     assert log.maybe_flush(clock.now_ms)
     assert log.recovery_point == 4
+
+
+def test_a_compacted_log_refuses_records_without_a_key(open_log: OpenLog) -> None:
+    log = open_log(LogConfig(cleanup_policy="compact"))
+    with pytest.raises(InvalidRecordError):
+        log.append_as_leader(make_batch([b"v"], keys=[None]), leader_epoch=0)
+    info = log.append_as_leader(make_batch([b"v"], keys=[b"k"]), leader_epoch=0)
+    assert info.first_offset == 0 and log.log_end_offset == 1
