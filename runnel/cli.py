@@ -1,0 +1,67 @@
+"""The ``runnel`` command line (console script ``runnel``, also ``python -m runnel``).
+
+How this works: :func:`build_parser` makes one argparse parser and asks each subcommand
+group's module to ``register`` its subparsers (see ``commands.py``); :func:`main` parses,
+runs the chosen handler and turns the outcome into an exit code. Groups so far:
+
+    runnel log dump|verify|produce   read and write partition logs on disk (log_tools.py)
+
+Later groups (``node``, ``cluster``, ``topics``) add one ``register`` call each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from runnel import log_tools
+from runnel.commands import (
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    CommandError,
+    UsageError,
+    get_handler,
+)
+
+PROG = "runnel"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="runnel: a Kafka-compatible log broker."
+    )
+    groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+    log_tools.register(groups)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2): argparse already printed
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    handler = get_handler(args)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except CommandError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (``runnel log dump | head``): exit quietly, as if by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
+    return 128 + signal.SIGPIPE
