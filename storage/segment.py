@@ -124,7 +124,7 @@ class LogSegment:
     ) -> None:
         """Write ``buffers`` (the concatenated batches described by ``batches``) at the end."""
         start = self.size
-        written = _writev_all(self.handle.fd, buffers)
+        written = _writev_all(self.handle.fd, buffers, start)
         for item in batches:
             self._index_batch(start + item.position, item.header)
         self.size = start + written
@@ -325,15 +325,15 @@ def open_segment(
     )
 
 
-def _writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
-    """Write every buffer at the end of ``fd``; returns bytes written."""
+def _writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], position: int) -> int:
+    """Write every buffer at byte ``position`` of ``fd`` (positional, so the descriptor's own
+    offset never matters: not after a reopen, not after a truncation); returns bytes written."""
     total = 0
     pending = [memoryview(b).cast("B") for b in buffers if len(b)]
     while pending:
-        chunk = pending[:_IOV_MAX]
-        n = os.writev(fd, chunk) if len(chunk) > 1 else os.write(fd, chunk[0])
+        n = os.pwritev(fd, pending[:_IOV_MAX], position + total)
+        invariant(n > 0, "pwritev wrote nothing")
         total += n
-        invariant(n > 0, "writev wrote nothing")
         # Drop fully written buffers; keep the unwritten part of a partial one.
         while n:
             head = pending[0]

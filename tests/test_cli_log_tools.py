@@ -287,10 +287,6 @@ def _list(value: object) -> list[dict[str, object]]:
     return value
 
 
-@pytest.mark.xfail(
-    reason="storage bug: a reopened segment's first append overwrites it from byte 0 "
-    "(FileHandle opens the .log without O_APPEND; writes go to the descriptor's offset)",
-)
 def test_a_second_produce_appends_after_the_first(tmp_path: Path) -> None:
     target = tmp_path / "twice-0"
     assert run("log", "produce", target, stdin=b"a\nb\n").returncode == 0

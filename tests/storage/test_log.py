@@ -389,3 +389,26 @@ def test_a_compacted_log_refuses_records_without_a_key(open_log: OpenLog) -> Non
         log.append_as_leader(make_batch([b"v"], keys=[None]), leader_epoch=0)
     info = log.append_as_leader(make_batch([b"v"], keys=[b"k"]), leader_epoch=0)
     assert info.first_offset == 0 and log.log_end_offset == 1
+
+
+def test_appends_after_a_reopen_go_to_the_end_of_the_segment(open_log: OpenLog) -> None:
+    log = open_log()
+    log.append_as_leader(make_batch([b"first"]), leader_epoch=0)
+    log.close()
+    for clean in (True, False):
+        log = open_log(had_clean_shutdown=clean)
+        log.append_as_leader(make_batch([b"more"]), leader_epoch=0)
+        log.close()
+    log = open_log()
+    assert values_of(read_all(log)) == [b"first", b"more", b"more"]
+
+
+def test_appends_after_truncation_leave_no_hole(open_log: OpenLog) -> None:
+    log = open_log()
+    for value in (b"a", b"b", b"c"):
+        log.append_as_leader(make_batch([value]), leader_epoch=0)
+    log.truncate_to(1)
+    log.append_as_leader(make_batch([b"d"]), leader_epoch=0)
+    assert log.active_segment.log_path.stat().st_size == log.active_segment.size
+    log.abandon()
+    assert values_of(read_all(open_log())) == [b"a", b"d"]
