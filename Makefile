@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # verify it byte by byte, and dump its batches.
 run: install
 	rm -rf $(DEMO_DIR)
-	seq 1 20000 | sed 's/^/event-/' | $(VENV)/bin/runnel log produce $(DEMO_DIR) --codec lz4 --batch-records 500
+	seq 1 20000 | sed 's/^/event-/' | $(VENV)/bin/runnel log produce $(DEMO_DIR) --codec lz4 --batch-records 500 -q
 	$(VENV)/bin/runnel log verify $(DEMO_DIR)
 	$(VENV)/bin/runnel log dump $(DEMO_DIR) | tail -n 5
 
