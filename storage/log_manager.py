@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from storage.checkpoint import OffsetCheckpointFile, fsync_dir
+from storage.cleaner import compact
 from storage.config import LogConfig
 from storage.errors import LogDirOfflineError, StorageError
 from storage.loader import load_log
@@ -58,6 +59,9 @@ class LogManager:
         self._log_dir: dict[TopicPartition, Path] = {}
         self.offline_dirs: dict[Path, str] = {}
         self.had_clean_shutdown: dict[Path, bool] = {}
+        # Where each compacted log's last cleaning pass ended (in memory: after a restart the
+        # first pass treats the whole log as dirty).
+        self._clean_end: dict[TopicPartition, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
@@ -139,6 +143,7 @@ class LogManager:
     def delete_log(self, tp: TopicPartition) -> None:
         log = self._logs.pop(tp, None)
         data_dir = self._log_dir.pop(tp, None)
+        self._clean_end.pop(tp, None)
         if log is None or data_dir is None:
             return
         log.abandon()
@@ -160,7 +165,8 @@ class LogManager:
 
     # -- periodic work ---------------------------------------------------------------------
     def run_maintenance(self, now_ms: int | None = None) -> None:
-        """One pass of the background duties: time-based flush, retention, checkpoints."""
+        """One pass of the background duties: time-based flush, retention, compaction,
+        checkpoints."""
         now = self._clock() if now_ms is None else now_ms
         for tp, log in list(self._logs.items()):
             if log.offline:
@@ -168,11 +174,29 @@ class LogManager:
             try:
                 log.maybe_flush(now)
                 log.delete_old_segments(now)
+                if log.config.compact:
+                    self._compact(tp, log, now)
             except LogDirOfflineError as e:
                 _log.error("maintenance of %s failed: %s", tp, e)
         for data_dir in self.data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
+
+    def _compact(self, tp: TopicPartition, log: Log, now_ms: int) -> None:
+        """One compaction pass; an I/O error takes the directory offline, any other storage
+        error (a corrupt batch, a too-small offset map) is reported and retried next time."""
+        try:
+            stats = compact(log, now_ms, first_dirty_offset=self._clean_end.get(tp))
+        except OSError as e:
+            self._mark_offline(self._log_dir[tp], e)
+            return
+        except LogDirOfflineError:
+            raise
+        except StorageError as e:
+            _log.error("compaction of %s failed: %s", tp, e)
+            return
+        if stats.clean_end_offset >= 0:
+            self._clean_end[tp] = stats.clean_end_offset
 
     def checkpoint(self, data_dir: Path, *, include_closed: bool = False) -> None:
         """Write the three offset checkpoints of ``data_dir``."""
