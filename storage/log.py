@@ -394,8 +394,9 @@ class Log:
     ) -> FetchData:
         """A zero-copy slice of batches from ``start_offset``, within one segment."""
         self._check_online()
-        segments, bases = self._segments[:], self._bases[:]
-        log_start, leo, hw = self._log_start_offset, self._log_end_offset, self._high_watermark
+        with self._lock:  # one consistent view; held only for the copy, never for I/O
+            segments, bases = self._segments[:], self._bases[:]
+            log_start, leo, hw = self._log_start_offset, self._log_end_offset, self._high_watermark
         bound = hw if isolation is Isolation.HIGH_WATERMARK else leo
         if start_offset < log_start or start_offset > leo:
             raise OffsetOutOfRangeError(
