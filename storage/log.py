@@ -5,9 +5,10 @@ Offsets obey ``log_start_offset <= high_watermark <= log_end_offset`` at all tim
 recovery point (the first offset not known to be fsynced) never exceeds the log end offset.
 
 Concurrency: one writer per partition. Every mutation takes ``self._lock`` (a threading
-lock, so a flush may run in a worker thread while the event loop appends). Readers do not
-take it: ``read`` works from a snapshot of the segment list and the offsets, which is safe
-because segments only grow at the end and bytes below the high watermark never change.
+lock, so a flush may run in a worker thread while the event loop appends). Readers hold it
+only to copy the segment list and offsets, then read without it: that is safe because a
+segment's bytes below the high watermark never change, and a slice keeps its file open even
+if compaction or retention deletes the segment meanwhile.
 
 I/O errors: any ``OSError`` during a mutation takes the log offline; every later call raises
 ``LogDirOfflineError`` and the owner (LogManager) marks the whole data directory offline.
