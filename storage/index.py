@@ -58,6 +58,8 @@ class _MappedIndex:
             if size % self.entry_size:
                 raise CorruptIndexError(f"{path}: size {size} is not a multiple of entries")
             self.entries = size // self.entry_size
+        self.max_entries = max(self._max_bytes // self.entry_size, self.entries)
+        self._last: tuple[int, int] | None = None  # cached last entry; None: read it
 
     # -- file handling -------------------------------------------------------------------
     def _open(self) -> mmap.mmap:
@@ -76,10 +78,6 @@ class _MappedIndex:
             self._growable = True
         return self._open()
 
-    @property
-    def max_entries(self) -> int:
-        return max(self._max_bytes, self.entries * self.entry_size) // self.entry_size
-
     def is_full(self) -> bool:
         return self.entries >= self.max_entries
 
@@ -91,6 +89,7 @@ class _MappedIndex:
         start, end = entries * self.entry_size, self.entries * self.entry_size
         mm[start:end] = bytes(end - start)
         self.entries = entries
+        self._last = None
 
     def reset(self) -> None:
         self.truncate_entries(0)
@@ -120,6 +119,7 @@ class _MappedIndex:
     def delete(self) -> None:
         self._close_map()
         self.entries = 0
+        self._last = None
         self.path.unlink(missing_ok=True)
 
     def rename(self, path: Path) -> None:
@@ -148,15 +148,18 @@ class OffsetIndex(_MappedIndex):
         return self.base_offset + rel, pos
 
     def last_entry(self) -> tuple[int, int]:
-        return self.entry(self.entries - 1) if self.entries else (self.base_offset, 0)
+        if self._last is None:
+            self._last = self.entry(self.entries - 1) if self.entries else (self.base_offset, 0)
+        return self._last
 
     def append(self, offset: int, position: int) -> None:
         if self.entries and offset <= self.last_entry()[0]:
             raise InvariantViolation(f"{self.path}: offset index append {offset} not increasing")
-        invariant(not self.is_full(), f"{self.path}: offset index is full")
-        mm = self._open_for_append()
+        invariant(self.entries < self.max_entries, f"{self.path}: offset index is full")
+        mm = self._mm if self._mm is not None and self._growable else self._open_for_append()
         _OFFSET_ENTRY.pack_into(mm, self.entries * 8, self.relative(offset), position)
         self.entries += 1
+        self._last = (offset, position)
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """Greatest entry with offset <= ``offset``, or (base offset, 0) if there is none."""
@@ -205,7 +208,9 @@ class TimeIndex(_MappedIndex):
         return ts, self.base_offset + rel
 
     def last_entry(self) -> tuple[int, int]:
-        return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+        if self._last is None:
+            self._last = self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+        return self._last
 
     def is_full(self) -> bool:
         # The last slot is reserved for the entry written when the segment rolls.
@@ -223,9 +228,10 @@ class TimeIndex(_MappedIndex):
                 raise InvariantViolation(f"{self.path}: time index offset {offset} went back")
         if self.entries >= self.max_entries:
             return  # only reachable with skip_full_check on a completely full file
-        mm = self._open_for_append()
+        mm = self._mm if self._mm is not None and self._growable else self._open_for_append()
         _TIME_ENTRY.pack_into(mm, self.entries * 12, timestamp, self.relative(offset))
         self.entries += 1
+        self._last = (timestamp, offset)
 
     def lookup(self, timestamp: int) -> tuple[int, int]:
         """Greatest entry with timestamp <= ``timestamp``, or (-1, base offset)."""

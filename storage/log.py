@@ -22,10 +22,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import crc32c
 
@@ -33,6 +33,7 @@ from storage.batch import (
     ATTR_TIMESTAMP_TYPE,
     CRC_START,
     HEADER_SIZE,
+    LOG_OVERHEAD,
     NO_PARTITION_LEADER_EPOCH,
     BatchHeader,
     TimestampType,
@@ -72,8 +73,7 @@ class Isolation(Enum):
     HIGH_WATERMARK = "high_watermark"
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
     """What an append did. For a duplicate idempotent batch, the original batch's offsets."""
 
     first_offset: int
@@ -209,7 +209,9 @@ class Log:
         view = memoryview(data).cast("B")
         headers = self._validate(view, leader=True)
         now_ms = self._clock()
-        if len(headers) == 1 and headers[0][1].has_producer_id:
+        if len(headers) > 1 and any(h.producer_id >= 0 for _, h in headers):
+            raise InvalidRecordError("an idempotent producer batch must be appended alone")
+        if headers[0][1].producer_id >= 0:
             duplicate = self.producer_state.check_leader_append(headers[0][1])
             if duplicate is not None:
                 return AppendInfo(
@@ -221,32 +223,25 @@ class Log:
                     0,
                     duplicate=True,
                 )
-        elif any(h.has_producer_id for _, h in headers):
-            raise InvalidRecordError("an idempotent producer batch must be appended alone")
-        append_time = (
-            now_ms if self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME else -1
-        )
+        restamp = self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME
         buffers: list[bytes | memoryview] = []
         batches: list[BatchPosition] = []
         next_offset = self._log_end_offset
-        for position, header in headers:
-            final = replace(
-                header,
-                base_offset=next_offset,
-                partition_leader_epoch=leader_epoch,
-            )
-            if append_time >= 0:
-                final = replace(
-                    final,
-                    max_timestamp=append_time,
-                    attributes=final.attributes | ATTR_TIMESTAMP_TYPE,
-                )
-            buffers.extend(_patched(view, position, final, restamp=append_time >= 0))
+        for position, h in headers:
+            # BatchHeader is a tuple: rebuild it with the log's offset and epoch.
+            if restamp:
+                final = BatchHeader(
+                    next_offset, h[1], leader_epoch, h[3], h[4], h[5] | ATTR_TIMESTAMP_TYPE,
+                    h[6], h[7], now_ms, *h[9:],
+                )  # fmt: skip
+            else:
+                final = BatchHeader(next_offset, h[1], leader_epoch, *h[3:])
+            buffers.extend(_patched(view, position, final, restamp=restamp))
             batches.append(BatchPosition(position, final))
-            next_offset = final.next_offset
-        info = self._write(view, buffers, batches, now_ms)
-        self.epoch_cache.assign(leader_epoch, info.first_offset)
-        return replace(info, log_append_time_ms=append_time)
+            next_offset = final.base_offset + final.last_offset_delta + 1
+        if self.epoch_cache.latest_epoch != leader_epoch:
+            self.epoch_cache.assign(leader_epoch, self._log_end_offset)
+        return self._write(len(view), buffers, batches, now_ms, now_ms if restamp else -1)
 
     @_io_guarded
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo:
@@ -260,7 +255,7 @@ class Log:
                 f"offset {self._log_end_offset}"
             )
         batches = [BatchPosition(pos, h) for pos, h in headers]
-        info = self._write(view, [view], batches, self._clock())
+        info = self._write(len(view), [view], batches, self._clock(), -1)
         for _, header in headers:
             if header.partition_leader_epoch != NO_PARTITION_LEADER_EPOCH:
                 self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
@@ -268,36 +263,39 @@ class Log:
 
     def _validate(self, view: memoryview, *, leader: bool) -> list[tuple[int, BatchHeader]]:
         """Check every batch (framing, CRC, size, offsets) before anything is written."""
-        if not len(view):
+        size = len(view)
+        if not size:
             raise InvalidRecordError("an append needs at least one batch")
+        if size > self.config.segment_bytes:
+            raise RecordTooLargeError(
+                f"append of {size} bytes exceeds segment_bytes {self.config.segment_bytes}"
+            )
+        max_bytes = self.config.max_message_bytes
         headers: list[tuple[int, BatchHeader]] = []
         position, previous_last = 0, -1
-        while position < len(view):
+        while position < size:
             header = validate_batch(view, position)
-            if header.size_bytes > self.config.max_message_bytes:
+            batch_size = header.batch_length + LOG_OVERHEAD
+            if batch_size > max_bytes:
                 raise RecordTooLargeError(
-                    f"batch of {header.size_bytes} bytes exceeds max_message_bytes "
-                    f"{self.config.max_message_bytes}"
+                    f"batch of {batch_size} bytes exceeds max_message_bytes {max_bytes}"
                 )
-            if leader and header.record_count != header.last_offset_delta + 1:
-                raise InvalidRecordError(
-                    f"batch has {header.record_count} records but last offset delta "
-                    f"{header.last_offset_delta}"
-                )
-            if not leader and header.base_offset <= previous_last:
+            if leader:
+                if header.record_count != header.last_offset_delta + 1:
+                    raise InvalidRecordError(
+                        f"batch has {header.record_count} records but last offset delta "
+                        f"{header.last_offset_delta}"
+                    )
+                if self.config.compact:
+                    self._require_keys(view, position)
+            elif header.base_offset <= previous_last:
                 raise InvalidRecordError(
                     f"follower batch offsets not increasing: {header.base_offset} after "
                     f"{previous_last}"
                 )
-            if leader and self.config.compact:
-                self._require_keys(view, position)
-            previous_last = header.last_offset
+            previous_last = header.base_offset + header.last_offset_delta
             headers.append((position, header))
-            position += header.size_bytes
-        if position > self.config.segment_bytes:
-            raise RecordTooLargeError(
-                f"append of {position} bytes exceeds segment_bytes {self.config.segment_bytes}"
-            )
+            position += batch_size
         return headers
 
     def _require_keys(self, view: memoryview, position: int) -> None:
@@ -311,32 +309,31 @@ class Log:
 
     def _write(
         self,
-        view: memoryview,
+        size: int,
         buffers: Sequence[bytes | memoryview],
         batches: Sequence[BatchPosition],
         now_ms: int,
+        log_append_time_ms: int,
     ) -> AppendInfo:
-        first, last = batches[0].header, batches[-1].header
-        self._maybe_roll(
-            len(view), max(b.header.max_timestamp for b in batches), last.last_offset, now_ms
-        )
-        self.active_segment.append(buffers, batches)
         records = 0
-        for item in batches:
-            records += item.header.record_count
-            if item.header.has_producer_id:
-                self.producer_state.update(item.header)
-        self._log_end_offset = last.next_offset
-        self.producer_state.update_map_end_offset(self._log_end_offset)
+        max_timestamp = -1
+        for _, header in batches:
+            records += header.record_count
+            if header.max_timestamp > max_timestamp:
+                max_timestamp = header.max_timestamp
+        last = batches[-1].header
+        self._maybe_roll(size, max_timestamp, last.last_offset, now_ms)
+        self.active_segment.append(buffers, batches, size)
+        for _, header in batches:
+            if header.producer_id >= 0:
+                self.producer_state.update(header)
+        first_offset = batches[0].header.base_offset
+        self._log_end_offset = last.base_offset + last.last_offset_delta + 1
         self._unflushed_messages += records
-        self._maybe_flush_after_append()
+        if self.config.fsync_each_append or self.config.flush_messages is not None:
+            self._maybe_flush_after_append()
         return AppendInfo(
-            first.base_offset,
-            last.last_offset,
-            max(b.header.max_timestamp for b in batches),
-            -1,
-            records,
-            len(view),
+            first_offset, last.last_offset, max_timestamp, log_append_time_ms, records, size
         )
 
     def _maybe_flush_after_append(self) -> None:
@@ -348,15 +345,18 @@ class Log:
 
     # -- rolling ---------------------------------------------------------------------------
     def _maybe_roll(self, size: int, max_timestamp: int, last_offset: int, now_ms: int) -> None:
-        segment = self.active_segment
+        segment = self._segments[-1]
         cfg = self.config
-        full = segment.size > cfg.segment_bytes - size
-        aged = (
-            segment.size > 0
-            and segment.time_waited_for_roll(now_ms, max_timestamp)
-            > cfg.segment_ms - cfg.segment_jitter_ms
-        )
-        if full or aged or segment.indexes_full() or not segment.can_hold(last_offset):
+        if (
+            segment.size > cfg.segment_bytes - size
+            or segment.indexes_full()
+            or not segment.can_hold(last_offset)
+            or (
+                segment.size > 0
+                and segment.time_waited_for_roll(now_ms, max_timestamp)
+                > cfg.segment_ms - cfg.segment_jitter_ms
+            )
+        ):
             self._roll(now_ms)
 
     @_io_guarded
@@ -375,11 +375,17 @@ class Log:
             self._bases.pop()
         else:
             old.on_become_inactive()
-            self.producer_state.take_snapshot()
+            self._snapshot_producer_state()
         segment = self._new_segment(self._log_end_offset, now_ms)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
         return segment
+
+    def _snapshot_producer_state(self) -> None:
+        # Producer state advances its map end only on idempotent batches; the snapshot is
+        # named at the log end so a reload replays nothing it already covers.
+        self.producer_state.update_map_end_offset(self._log_end_offset)
+        self.producer_state.take_snapshot()
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
         return open_segment(self.dir, base_offset, self.config, now_ms, create=True)
@@ -649,7 +655,7 @@ class Log:
     def close(self) -> None:
         """Flush, snapshot producer state at the LEO and trim indexes: a clean shutdown."""
         self._flush_locked(self._log_end_offset)
-        self.producer_state.take_snapshot()
+        self._snapshot_producer_state()
         for segment in self._segments:
             segment.close()
         self._offline = StorageError("closed")

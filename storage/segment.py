@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from storage.batch import LOG_OVERHEAD, BatchHeader, validate_batch
 from storage.config import LogConfig
@@ -75,8 +76,7 @@ class FileSlice:
         return os.pread(self.handle.fd, self.length, self.position)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPosition:
+class BatchPosition(NamedTuple):
     """Where a batch begins in the data being appended (relative byte position)."""
 
     position: int
@@ -120,11 +120,15 @@ class LogSegment:
 
     # -- appends -------------------------------------------------------------------------
     def append(
-        self, buffers: Sequence[bytes | bytearray | memoryview], batches: Sequence[BatchPosition]
+        self,
+        buffers: Sequence[bytes | bytearray | memoryview],
+        batches: Sequence[BatchPosition],
+        size_bytes: int,
     ) -> None:
-        """Write ``buffers`` (the concatenated batches described by ``batches``) at the end."""
+        """Write ``buffers`` (``size_bytes`` in all: the concatenated batches described by
+        ``batches``) at the end."""
         start = self.size
-        written = _writev_all(self.handle.fd, buffers, start)
+        written = _writev_all(self.handle.fd, buffers, start, size_bytes)
         for item in batches:
             self._index_batch(start + item.position, item.header)
         self.size = start + written
@@ -132,21 +136,26 @@ class LogSegment:
             self.rolling_base_timestamp = batches[0].header.max_timestamp
 
     def _index_batch(self, file_position: int, header: BatchHeader) -> None:
+        last_offset = header.base_offset + header.last_offset_delta
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
-            self.offset_of_max_timestamp = header.last_offset
+            self.offset_of_max_timestamp = last_offset
         if self._bytes_since_index_entry > self.index_interval_bytes:
-            self.offset_index.append(header.last_offset, file_position)
+            self.offset_index.append(last_offset, file_position)
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_index_entry = 0
-        self._bytes_since_index_entry += header.size_bytes
+        self._bytes_since_index_entry += header.batch_length + LOG_OVERHEAD
 
     def can_hold(self, next_offset: int) -> bool:
         """Whether ``next_offset`` is expressible relative to this segment's base."""
         return 0 <= next_offset - self.base_offset <= 2**31 - 1
 
     def indexes_full(self) -> bool:
-        return self.offset_index.is_full() or self.time_index.is_full()
+        # The time index keeps its last slot for the entry written when the segment rolls.
+        return (
+            self.offset_index.entries >= self.offset_index.max_entries
+            or self.time_index.entries >= self.time_index.max_entries - 1
+        )
 
     def time_waited_for_roll(self, now_ms: int, batch_max_timestamp: int) -> int:
         if self.rolling_base_timestamp is not None and self.rolling_base_timestamp >= 0:
@@ -325,25 +334,37 @@ def open_segment(
     )
 
 
-def _writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], position: int) -> int:
+def _writev_all(
+    fd: int, buffers: Sequence[bytes | bytearray | memoryview], position: int, expected: int
+) -> int:
     """Write every buffer at byte ``position`` of ``fd`` (positional, so the descriptor's own
     offset never matters: not after a reopen, not after a truncation); returns bytes written."""
-    total = 0
+    if len(buffers) <= _IOV_MAX:
+        total = os.pwritev(fd, buffers, position)
+        if total == expected:
+            return total  # the common case: one system call wrote everything
+    else:
+        total = 0
     pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+    _drop_written(pending, total)
     while pending:
         n = os.pwritev(fd, pending[:_IOV_MAX], position + total)
         invariant(n > 0, "pwritev wrote nothing")
         total += n
-        # Drop fully written buffers; keep the unwritten part of a partial one.
-        while n:
-            head = pending[0]
-            if n >= len(head):
-                n -= len(head)
-                pending.pop(0)
-            else:
-                pending[0] = head[n:]
-                n = 0
+        _drop_written(pending, n)
     return total
+
+
+def _drop_written(pending: list[memoryview], n: int) -> None:
+    """Drop fully written buffers; keep the unwritten part of a partial one."""
+    while n:
+        head = pending[0]
+        if n >= len(head):
+            n -= len(head)
+            pending.pop(0)
+        else:
+            pending[0] = head[n:]
+            n = 0
 
 
 def _scan_valid_batches(
