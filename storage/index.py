@@ -153,12 +153,14 @@ class OffsetIndex(_MappedIndex):
         return self._last
 
     def append(self, offset: int, position: int) -> None:
-        if self.entries and offset <= self.last_entry()[0]:
+        entries = self.entries
+        if entries and offset <= self.last_entry()[0]:
             raise InvariantViolation(f"{self.path}: offset index append {offset} not increasing")
-        invariant(self.entries < self.max_entries, f"{self.path}: offset index is full")
+        if entries >= self.max_entries:
+            raise InvariantViolation(f"{self.path}: offset index is full")
         mm = self._mm if self._mm is not None and self._growable else self._open_for_append()
-        _OFFSET_ENTRY.pack_into(mm, self.entries * 8, self.relative(offset), position)
-        self.entries += 1
+        _OFFSET_ENTRY.pack_into(mm, entries * 8, self.relative(offset), position)
+        self.entries = entries + 1
         self._last = (offset, position)
 
     def lookup(self, offset: int) -> tuple[int, int]:

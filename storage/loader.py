@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
@@ -73,8 +74,8 @@ def load_log(
         )
     epoch_cache.truncate_from_end(log_end)
     epoch_cache.truncate_from_start(start)
-    if recovered:
-        for segment in recovered:
+    if recovered.segments:
+        for segment in recovered.segments:
             segment.flush()
         recovery_point = log_end
     hw = min(max(high_watermark if high_watermark is not None else start, start), log_end)
@@ -93,7 +94,7 @@ def load_log(
         clock=clock,
         on_offline=on_offline,
     )
-    log.reload_producer_state()
+    log.reload_producer_state(recovered.producer_batches, recovered.suffix_start)
     return log
 
 
@@ -166,23 +167,39 @@ def _needs_index_rebuild(segment: LogSegment) -> bool:
     return False
 
 
+@dataclass(slots=True)
+class _Recovery:
+    """What recovery did: the segments it rebuilt and, when it re-read a whole suffix of the
+    log (unclean shutdown), the idempotent batch headers it saw there, from ``suffix_start``
+    on, so producer state need not read those segments again."""
+
+    segments: list[LogSegment] = field(default_factory=list)
+    suffix_start: int | None = None
+    producer_batches: list[BatchHeader] = field(default_factory=list)
+
+
 def _recover(
     segments: list[LogSegment],
     config: LogConfig,
     epoch_cache: LeaderEpochCache,
     recovery_point: int,
     had_clean_shutdown: bool,
-) -> list[LogSegment]:
-    """Recover the segments that need it (see the module docstring); returns them."""
+) -> _Recovery:
+    """Recover the segments that need it (see the module docstring)."""
     first = 0
     if not had_clean_shutdown:
         while first + 1 < len(segments) and segments[first + 1].base_offset <= recovery_point:
             first += 1
-    recovered: list[LogSegment] = []
+    result = _Recovery()
+    if not had_clean_shutdown:
+        result.suffix_start = segments[first].base_offset
 
     def on_batch(header: BatchHeader) -> None:
-        if header.partition_leader_epoch != NO_PARTITION_LEADER_EPOCH:
-            epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        epoch = header.partition_leader_epoch
+        if epoch != NO_PARTITION_LEADER_EPOCH and epoch != epoch_cache.latest_epoch:
+            epoch_cache.assign(epoch, header.base_offset)
+        if header.producer_id >= 0:
+            result.producer_batches.append(header)
 
     index = 0
     while index < len(segments):
@@ -190,13 +207,15 @@ def _recover(
         unclean = not had_clean_shutdown and index >= first
         if unclean or _needs_index_rebuild(segment):
             truncated = segment.recover(on_batch, max_batch_bytes=_max_batch(config))
-            recovered.append(segment)
+            result.segments.append(segment)
             if truncated and unclean:
                 for later in segments[index + 1 :]:
                     later.delete()
                 del segments[index + 1 :]
         index += 1
-    return recovered
+    if result.suffix_start is None:
+        result.producer_batches.clear()  # scattered index rebuilds: not a complete suffix
+    return result
 
 
 def _max_batch(config: LogConfig) -> int:

@@ -37,7 +37,6 @@ from storage.batch import (
     NO_PARTITION_LEADER_EPOCH,
     BatchHeader,
     TimestampType,
-    unpack_header,
     validate_batch,
 )
 from storage.config import LogConfig
@@ -428,15 +427,15 @@ class Log:
     ) -> Iterator[tuple[LogSegment, int, BatchHeader]]:
         """Headers of the batches overlapping [start_offset, end_offset) (for tools, replay)."""
         end = self._log_end_offset if end_offset is None else end_offset
-        for segment in self._segments[:]:
+        first = max(bisect.bisect_right(self._bases, start_offset) - 1, 0)
+        for segment in self._segments[first:]:
             found = segment.translate_offset(start_offset)
-            position = found[0] if found is not None else segment.size
-            while position < segment.size:
-                header = _read_header(segment, position)
-                if header is None or header.base_offset >= end:
+            if found is None:
+                continue
+            for position, header in segment.headers(found[0]):
+                if header.base_offset >= end:
                     return
                 yield segment, position, header
-                position += header.size_bytes
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first batch with max timestamp >= ``timestamp``."""
@@ -524,12 +523,26 @@ class Log:
         self._log_start_offset = self._high_watermark = self._log_end_offset = offset
         self._recovery_point = offset
 
-    def reload_producer_state(self) -> None:
-        """Load the newest producer snapshot and replay the batches after it to the LEO."""
+    def reload_producer_state(
+        self, known: Sequence[BatchHeader] = (), known_from: int | None = None
+    ) -> None:
+        """Load the newest producer snapshot and replay the batches after it to the LEO.
+
+        ``known`` (from recovery) lists every idempotent batch at or above ``known_from``, so
+        that part of the log is not read again.
+        """
         ps = self.producer_state
         ps.truncate_and_reload(self._log_start_offset, self._log_end_offset, self._clock())
-        for _, _, header in self.batches(ps.map_end_offset):
-            if header.has_producer_id:
+        scan_end = self._log_end_offset if known_from is None else known_from
+        if ps.map_end_offset < scan_end:
+            for _, _, header in self.batches(ps.map_end_offset, scan_end):
+                if header.producer_id >= 0:
+                    ps.update(header)
+        for header in known:
+            if (
+                header.base_offset >= ps.map_end_offset
+                and header.base_offset < self._log_end_offset
+            ):
                 ps.update(header)
         ps.update_map_end_offset(self._log_end_offset)
 
@@ -694,8 +707,3 @@ def _patched(
     )
     crc = crc32c.crc32c(view[position + HEADER_SIZE : end], crc32c.crc32c(middle))
     return [prefix + struct.pack(">I", crc), bytes(middle), view[position + HEADER_SIZE : end]]
-
-
-def _read_header(segment: LogSegment, position: int) -> BatchHeader | None:
-    raw = os.pread(segment.handle.fd, HEADER_SIZE, position)
-    return unpack_header(raw) if len(raw) == HEADER_SIZE else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from storage.batch import LOG_OVERHEAD, BatchHeader, validate_batch
+from storage.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, unpack_header, validate_batch
 from storage.config import LogConfig
 from storage.errors import CorruptRecordError, InvalidRecordError, invariant
 from storage.index import OffsetIndex, TimeIndex
@@ -218,6 +218,10 @@ class LogSegment:
             position += length + LOG_OVERHEAD
         return None
 
+    def headers(self, position: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of every batch from ``position`` on, trusted (no CRC check)."""
+        return _scan_batches(self.handle.fd, position, self.size, self.size, validate=False)
+
     def read_next_offset(self) -> int:
         """The offset after the last batch (base offset if empty), from the index + a scan."""
         _, position = self.offset_index.last_entry()
@@ -252,7 +256,9 @@ class LogSegment:
         self.rolling_base_timestamp = None
         valid = 0
         next_offset = self.base_offset if expected_next_offset is None else expected_next_offset
-        for position, header in _scan_valid_batches(self.handle.fd, self.size, max_batch_bytes):
+        for position, header in _scan_batches(
+            self.handle.fd, 0, self.size, max_batch_bytes, validate=True
+        ):
             if header.base_offset < next_offset or header.last_offset < header.base_offset:
                 break  # offsets must strictly increase: anything else is garbage
             self._index_batch(position, header)
@@ -367,31 +373,34 @@ def _drop_written(pending: list[memoryview], n: int) -> None:
             n = 0
 
 
-def _scan_valid_batches(
-    fd: int, size: int, max_batch_bytes: int
+def _scan_batches(
+    fd: int, position: int, size: int, max_batch_bytes: int, *, validate: bool
 ) -> Iterator[tuple[int, BatchHeader]]:
-    """Yield (position, header) of valid batches from the start of the file, stopping silently
-    at the first invalid or truncated one. Reads the file in large chunks."""
-    position = 0
+    """Yield (position, header) of the batches from ``position`` to ``size``, reading the file
+    in large chunks. Stops silently at a truncated batch, and with ``validate`` also at the
+    first one failing its checks (framing, CRC) - the caller decides what that means."""
     buf = b""
-    buf_start = 0
+    buf_start = position
     while position < size:
         rel = position - buf_start
-        if len(buf) - rel < LOG_OVERHEAD:
-            buf = os.pread(fd, max(_RECOVERY_CHUNK_BYTES, LOG_OVERHEAD), position)
+        if len(buf) - rel < HEADER_SIZE:
+            buf = os.pread(fd, _RECOVERY_CHUNK_BYTES, position)
             buf_start, rel = position, 0
-            if len(buf) < LOG_OVERHEAD:
+            if len(buf) < HEADER_SIZE:
                 return
         _, length = _SCAN_HEADER.unpack_from(buf, rel)
         batch_size = length + LOG_OVERHEAD
         if length < 0 or batch_size > max_batch_bytes or position + batch_size > size:
             return
-        if len(buf) - rel < batch_size:
-            buf = os.pread(fd, max(_RECOVERY_CHUNK_BYTES, batch_size), position)
-            buf_start, rel = position, 0
-        try:
-            header = validate_batch(memoryview(buf)[rel : rel + batch_size])
-        except (CorruptRecordError, InvalidRecordError):
-            return
+        if validate:
+            if len(buf) - rel < batch_size:
+                buf = os.pread(fd, max(_RECOVERY_CHUNK_BYTES, batch_size), position)
+                buf_start, rel = position, 0
+            try:
+                header = validate_batch(buf, rel)
+            except (CorruptRecordError, InvalidRecordError):
+                return
+        else:
+            header = unpack_header(buf, rel)
         yield position, header
         position += batch_size
