@@ -17,6 +17,8 @@ Not thread-safe: one owner (the node) calls these methods; each Log has its own 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -181,6 +183,16 @@ class LogManager:
         for data_dir in self.data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
+
+    async def run_periodically(self, interval_ms: int, stop: asyncio.Event) -> None:
+        """Run :meth:`run_maintenance` every ``interval_ms`` in a worker thread (its fsyncs
+        and compaction block) until ``stop`` is set. The node owns this task."""
+        if interval_ms < 1:
+            raise ValueError(f"maintenance interval must be at least 1 ms, got {interval_ms}")
+        while not stop.is_set():
+            await asyncio.to_thread(self.run_maintenance)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_ms / 1000)
 
     def _compact(self, tp: TopicPartition, log: Log, now_ms: int) -> None:
         """One compaction pass; an I/O error takes the directory offline, any other storage

@@ -139,3 +139,27 @@ def test_group_commit_covers_concurrent_appends_with_few_fsyncs(tmp_path: Path) 
     assert log.recovery_point == 50
     assert 1 <= log.flush_count < 10  # 50 durable appends, a handful of fsyncs
     manager.shutdown()
+
+
+def test_the_periodic_pass_flushes_after_flush_ms(tmp_path: Path) -> None:
+    manager = LogManager([tmp_path], LogConfig(flush_ms=20))
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    log.append_as_leader(make_batch([b"a", b"b"]), leader_epoch=0)
+    assert log.recovery_point == 0
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(manager.run_periodically(10, stop))
+        try:
+            async with asyncio.timeout(10):
+                while log.recovery_point < 2:
+                    await asyncio.sleep(0.01)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+    assert log.recovery_point == 2
+    assert log.flush_count >= 1
+    manager.shutdown()
