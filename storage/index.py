@@ -19,6 +19,7 @@ concurrently, which is safe because entries are written before ``entries`` is ad
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -188,14 +189,20 @@ class OffsetIndex(_MappedIndex):
         self.truncate_entries(n + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        """Cheap checks on an index the loader is about to trust."""
+        """Cheap checks on an index the loader is about to trust: sampled entries increase,
+        and the last one points inside the log. The segment checks that it hits a batch."""
         if not self.entries:
             return
-        last_offset, last_pos = self.last_entry()
-        if last_pos <= 0 or last_pos >= log_size or last_offset < self.base_offset:
+        samples = [self.entry(n) for n in _sample_slots(self.entries)]
+        for (offset_a, pos_a), (offset_b, pos_b) in itertools.pairwise(samples):
+            if offset_b <= offset_a or pos_b <= pos_a:
+                raise CorruptIndexError(f"{self.path}: entries do not increase")
+        first_offset, first_pos = samples[0]
+        last_offset, last_pos = samples[-1]
+        if first_pos <= 0 or first_offset < self.base_offset or last_pos >= log_size:
             raise CorruptIndexError(
-                f"{self.path}: last entry ({last_offset}, {last_pos}) does not fit a "
-                f"{log_size}-byte log"
+                f"{self.path}: entries ({first_offset}, {first_pos}) .. ({last_offset}, "
+                f"{last_pos}) do not fit a {log_size}-byte log"
             )
 
 
@@ -255,6 +262,22 @@ class TimeIndex(_MappedIndex):
             n -= 1
         self.truncate_entries(n)
 
-    def sanity_check(self) -> None:
-        if self.entries and self.last_entry()[1] < self.base_offset:
-            raise CorruptIndexError(f"{self.path}: last entry is below the base offset")
+    def sanity_check(self, next_offset: int) -> None:
+        """Sampled entries increase (timestamps strictly) and stay inside the segment's
+        offsets. The segment checks the last entry against its batch."""
+        if not self.entries:
+            return
+        samples = [self.entry(n) for n in _sample_slots(self.entries)]
+        for (ts_a, offset_a), (ts_b, offset_b) in itertools.pairwise(samples):
+            if ts_b <= ts_a or offset_b < offset_a:
+                raise CorruptIndexError(f"{self.path}: entries do not increase")
+        if samples[0][1] < self.base_offset or samples[-1][1] >= next_offset:
+            raise CorruptIndexError(f"{self.path}: entries lie outside the segment's offsets")
+
+
+def _sample_slots(entries: int, samples: int = 16) -> list[int]:
+    """Up to ``samples`` evenly spaced slots including the first and the last."""
+    if entries <= samples:
+        return list(range(entries))
+    step = (entries - 1) / (samples - 1)
+    return sorted({round(i * step) for i in range(samples)})

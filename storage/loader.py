@@ -160,8 +160,7 @@ def _needs_index_rebuild(segment: LogSegment) -> bool:
     if not segment.offset_index.path.exists() or not segment.time_index.path.exists():
         return segment.size > 0
     try:
-        segment.offset_index.sanity_check(segment.size)
-        segment.time_index.sanity_check()
+        segment.sanity_check_indexes()
     except CorruptIndexError:
         return True
     return False

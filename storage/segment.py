@@ -29,7 +29,7 @@ from typing import NamedTuple
 from storage.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, unpack_header, validate_batch
 from storage.config import LogConfig
 from storage.errors import CorruptRecordError, InvalidRecordError, invariant
-from storage.index import OffsetIndex, TimeIndex
+from storage.index import CorruptIndexError, OffsetIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -217,6 +217,31 @@ class LogSegment:
                 return max(base_offset, start_offset), max_ts
             position += length + LOG_OVERHEAD
         return None
+
+    def sanity_check_indexes(self) -> None:
+        """Raise CorruptIndexError unless both indexes look trustworthy: their sampled
+        entries are ordered, the last offset-index entry points at the start of a batch ending
+        at that offset, and the last time-index entry names a batch with that max timestamp."""
+        self.offset_index.sanity_check(self.size)
+        if self.offset_index.entries:
+            offset, position = self.offset_index.last_entry()
+            found = self._batch_at(position)
+            if found is None or found[1] != offset:
+                raise CorruptIndexError(
+                    f"{self.offset_index.path}: last entry ({offset}, {position}) is not the "
+                    f"start of the batch ending at offset {offset}"
+                )
+        # The offset index is trusted from here on, so the scan for the log end is short.
+        self.time_index.sanity_check(max(self.read_next_offset(), self.base_offset + 1))
+        if self.time_index.entries:
+            timestamp, offset = self.time_index.last_entry()
+            located = self.translate_offset(offset)
+            raw = os.pread(self.handle.fd, 43, located[0]) if located is not None else b""
+            if len(raw) < 43 or struct.unpack_from(">q", raw, 35)[0] != timestamp:
+                raise CorruptIndexError(
+                    f"{self.time_index.path}: last entry ({timestamp}, {offset}) does not match "
+                    f"the batch holding offset {offset}"
+                )
 
     def headers(self, position: int = 0) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of every batch from ``position`` on, trusted (no CRC check)."""
