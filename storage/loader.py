@@ -20,6 +20,7 @@ Passes, in order:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from storage.producer_state import ProducerStateManager
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, open_segment
 
 SWAP_SUFFIX = ".swap"
+_log = logging.getLogger(__name__)
 _LEFTOVER_SUFFIXES = (".tmp", ".cleaned", ".deleted")
 
 
@@ -68,10 +70,18 @@ def load_log(
     log_end = segments[-1].read_next_offset()
     start = max(log_start_offset if log_start_offset is not None else 0, segments[0].base_offset)
     if start > log_end:
-        raise InconsistentLogError(
-            f"{directory}: log start offset {start} is beyond the log end offset {log_end}; "
-            f"segments were deleted behind the engine's back"
-        )
+        if had_clean_shutdown or recovery_point >= start:
+            raise InconsistentLogError(
+                f"{directory}: log start offset {start} is beyond the log end offset "
+                f"{log_end}; segments were deleted behind the engine's back"
+            )
+        # The log start passed the recovery point (it moves without an fsync) and a machine
+        # crash lost the unflushed data: all that survived lies below the log start.
+        for segment in segments:
+            segment.delete()
+        segments[:] = [open_segment(directory, start, config, clock(), create=True)]
+        epoch_cache.clear()
+        log_end = start
     epoch_cache.truncate_from_end(log_end)
     epoch_cache.truncate_from_start(start)
     if recovered.segments:
@@ -194,8 +204,11 @@ def _recover(
         result.suffix_start = segments[first].base_offset
 
     def on_batch(header: BatchHeader) -> None:
+        # As Kafka: only an epoch above the cache's latest starts an entry, so replaying the
+        # middle of an epoch (or one segment of many) never moves an epoch's start.
         epoch = header.partition_leader_epoch
-        if epoch != NO_PARTITION_LEADER_EPOCH and epoch != epoch_cache.latest_epoch:
+        latest = epoch_cache.latest_epoch
+        if epoch != NO_PARTITION_LEADER_EPOCH and (latest is None or epoch > latest):
             epoch_cache.assign(epoch, header.base_offset)
         if header.producer_id >= 0:
             result.producer_batches.append(header)
@@ -207,7 +220,15 @@ def _recover(
         if unclean or _needs_index_rebuild(segment):
             truncated = segment.recover(on_batch, max_batch_bytes=_max_batch(config))
             result.segments.append(segment)
-            if truncated and unclean:
+            lost_tail = _lost_unflushed_tail(segments, index, recovery_point, config)
+            if unclean and (truncated or lost_tail) and segments[index + 1 :]:
+                _log.warning(
+                    "%s: recovery cut the log at offset %d (unflushed data lost in a crash); "
+                    "deleting the segments after it: %s",
+                    segment.directory,
+                    segment.read_next_offset(),
+                    [later.base_offset for later in segments[index + 1 :]],
+                )
                 for later in segments[index + 1 :]:
                     later.delete()
                 del segments[index + 1 :]
@@ -215,6 +236,19 @@ def _recover(
     if result.suffix_start is None:
         result.producer_batches.clear()  # scattered index rebuilds: not a complete suffix
     return result
+
+
+def _lost_unflushed_tail(
+    segments: list[LogSegment], index: int, recovery_point: int, config: LogConfig
+) -> bool:
+    """Whether a recovered segment ends short of the next one above the recovery point: a
+    roll does not fsync the old segment, so a power loss can drop its unflushed end while
+    the next file survives. What follows the gap is unreachable and goes too. (A gap below
+    the recovery point lost fsynced data: the contiguity check reports that.)"""
+    if index + 1 >= len(segments) or config.compact:
+        return False
+    end = segments[index].read_next_offset()
+    return recovery_point <= end < segments[index + 1].base_offset
 
 
 def _max_batch(config: LogConfig) -> int:

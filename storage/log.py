@@ -238,7 +238,8 @@ class Log:
             buffers.extend(_patched(view, position, final, restamp=restamp))
             batches.append(BatchPosition(position, final))
             next_offset = final.base_offset + final.last_offset_delta + 1
-        if self.epoch_cache.latest_epoch != leader_epoch:
+        latest = self.epoch_cache.latest_epoch
+        if latest is None or leader_epoch > latest:
             self.epoch_cache.assign(leader_epoch, self._log_end_offset)
         return self._write(len(view), buffers, batches, now_ms, now_ms if restamp else -1)
 
@@ -256,8 +257,9 @@ class Log:
         batches = [BatchPosition(pos, h) for pos, h in headers]
         info = self._write(len(view), [view], batches, self._clock(), -1)
         for _, header in headers:
-            if header.partition_leader_epoch != NO_PARTITION_LEADER_EPOCH:
-                self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+            epoch, latest = header.partition_leader_epoch, self.epoch_cache.latest_epoch
+            if epoch != NO_PARTITION_LEADER_EPOCH and (latest is None or epoch > latest):
+                self.epoch_cache.assign(epoch, header.base_offset)
         return info
 
     def _validate(self, view: memoryview, *, leader: bool) -> list[tuple[int, BatchHeader]]:
@@ -490,7 +492,9 @@ class Log:
             raise OffsetOutOfRangeError(f"cannot truncate to negative offset {offset}")
         if offset >= self._log_end_offset:
             return False
-        if offset < self._log_start_offset:
+        if offset < self._log_start_offset or self._batch_start(offset) < self._log_start_offset:
+            # Below the log start, or inside the batch holding it (the log start may lie
+            # mid-batch and truncation removes whole batches): restart at ``offset``.
             self._truncate_fully(offset)
             return True
         while len(self._segments) > 1 and self._bases[-1] > offset:
@@ -505,6 +509,16 @@ class Log:
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._check_offsets()
         return True
+
+    def _batch_start(self, offset: int) -> int:
+        """Base offset of the batch holding ``offset`` (``offset`` itself in a gap)."""
+        segment = self._segments[max(bisect.bisect_right(self._bases, offset) - 1, 0)]
+        found = segment.translate_offset(offset)
+        if found is None:
+            return offset
+        for _, header in segment.headers(found[0]):
+            return min(header.base_offset, offset)
+        return offset
 
     @_io_guarded
     def truncate_fully_and_start_at(self, offset: int) -> None:

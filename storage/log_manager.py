@@ -175,6 +175,9 @@ class LogManager:
                 continue
             try:
                 log.maybe_flush(now)
+                # Rolled segments are fsynced here, off the append path (Kafka flushes them
+                # on its scheduler too), so a machine crash can only lose the active one.
+                log.flush(log.active_segment.base_offset)
                 log.delete_old_segments(now)
                 if log.config.compact:
                     self._compact(tp, log, now)

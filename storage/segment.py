@@ -140,7 +140,10 @@ class LogSegment:
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
             self.offset_of_max_timestamp = last_offset
-        if self._bytes_since_index_entry > self.index_interval_bytes:
+        # A full index only happens in recovery (appends roll first), which counts bytes from
+        # the segment start and may want more entries than the live log had: the index just
+        # gets sparser at the end.
+        if self._bytes_since_index_entry > self.index_interval_bytes and not self.indexes_full():
             self.offset_index.append(last_offset, file_position)
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_index_entry = 0
