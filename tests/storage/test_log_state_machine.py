@@ -135,6 +135,7 @@ class LogMachine(RuleBasedStateMachine):
         index_interval_bytes=st.integers(0, 300),
         retention_bytes=st.none() | st.integers(0, 3000),
         fsync_each_append=st.booleans(),
+        segment_index_bytes=st.sampled_from([24, 48, 96, 10 * 1024 * 1024]),
     )
     def open(
         self,
@@ -142,13 +143,13 @@ class LogMachine(RuleBasedStateMachine):
         index_interval_bytes: int,
         retention_bytes: int | None,
         fsync_each_append: bool,
+        segment_index_bytes: int,
     ) -> None:
-        # The indexes keep their default size and never fill up: a full index breaks
-        # multi-batch appends and crash recovery (test_multi_batch_append_into_a_nearly_full_
-        # index below, test_crash.py::test_recovery_of_a_segment_whose_index_filled_up_...).
+        # Tiny indexes fill up, which rolls segments and makes recovery index sparsely.
         self.config = LogConfig(
             segment_bytes=segment_bytes,
             index_interval_bytes=index_interval_bytes,
+            segment_index_bytes=segment_index_bytes,
             retention_bytes=retention_bytes,
             retention_ms=None,
             fsync_each_append=fsync_each_append,
@@ -174,26 +175,6 @@ class LogMachine(RuleBasedStateMachine):
     def _checkpoints(self, high_watermark: int) -> Checkpoints:
         """What the LogManager would pass back at start-up."""
         return Checkpoints(self.lg.recovery_point, self.lg.log_start_offset, high_watermark)
-
-    def _crash_checkpoints(self, high_watermark: int) -> Checkpoints:
-        """As ``_checkpoints``, but recover from offset 0 when recovery would start replaying
-        in the middle of a leader epoch, which corrupts the epoch cache: see
-        test_crash.py::test_recovery_from_the_middle_of_an_epoch_keeps_the_epoch_cache."""
-        checkpoints = self._checkpoints(high_watermark)
-        segments = self.lg.segments
-        first = max(
-            (i for i, s in enumerate(segments) if s.base_offset <= self.lg.recovery_point),
-            default=0,
-        )
-        replayed = next(self.lg.batches(segments[first].base_offset), None)
-        if replayed is not None:
-            header = replayed[2]
-            if any(
-                b.epoch == header.partition_leader_epoch and b.base < header.base_offset
-                for b in self.model.batches
-            ):
-                return replace(checkpoints, recovery_point=0)
-        return checkpoints
 
     def teardown(self) -> None:
         if self.log is not None:
@@ -349,15 +330,12 @@ class LogMachine(RuleBasedStateMachine):
         start: the whole batch holding it goes (Kafka's LogSegment.truncateTo)."""
         m = self.model
         offset = data.draw(st.integers(max(0, m.log_start - 3), m.leo + 3), label="offset")
-        if m.log_start <= offset < m.leo and m.batch_holding(offset).base < m.log_start:
-            # The batch holding the new end also holds the log start: see
-            # test_truncate_inside_the_batch_that_holds_the_log_start below.
-            return
         changed = self.lg.truncate_to(offset)
         assert changed == (offset < m.leo)
         if offset >= m.leo:
             return
-        if offset < m.log_start:
+        if offset < m.log_start or m.batch_holding(offset).base < m.log_start:
+            # Below the log start, or inside the batch holding it: the log restarts there.
             self._model_restart_at(offset)
         else:
             m.cut_to(m.batch_holding(offset).base)
@@ -447,7 +425,7 @@ class LogMachine(RuleBasedStateMachine):
         be stale (it is written periodically)."""
         m = self.model
         stale_hw = data.draw(st.integers(m.log_start, m.hw), label="hw_checkpoint")
-        checkpoints = self._crash_checkpoints(stale_hw)
+        checkpoints = self._checkpoints(stale_hw)
         self.lg.abandon()
         self.log = None
         self.log = self._load(had_clean_shutdown=False, checkpoints=checkpoints)
@@ -467,23 +445,22 @@ class LogMachine(RuleBasedStateMachine):
             if segment is active
         ]
         flushed = next((p for p, h in layout if h.base_offset >= m.durable), active.size)
-        # Cutting below the batch that holds the log start is test_crash.py's business
-        # (test_machine_crash_losing_data_under_the_log_start_offset).
-        keep_start = max(
-            (p + h.size_bytes for p, h in layout if h.base_offset < m.log_start), default=0
-        )
-        cut = data.draw(st.integers(max(flushed, keep_start), active.size), label="cut")
+        cut = data.draw(st.integers(flushed, active.size), label="cut")
         survivors = [h for p, h in layout if p + h.size_bytes <= cut]
         new_leo = survivors[-1].next_offset if survivors else active.base_offset
-        checkpoints = self._crash_checkpoints(m.hw)
+        checkpoints = self._checkpoints(m.hw)
         self.lg.abandon()
         self.log = None
         os.truncate(active.log_path, cut)
         self.log = self._load(had_clean_shutdown=False, checkpoints=checkpoints)
-        assert self.lg.log_end_offset == new_leo
         assert new_leo >= m.durable, "a durable offset was lost"
-        m.cut_to(new_leo)
-        m.durable = new_leo
+        if new_leo < m.log_start:
+            # Everything that survived lies below the log start: the log restarts there.
+            self._model_restart_at(m.log_start)
+        else:
+            assert self.lg.log_end_offset == new_leo
+            m.cut_to(new_leo)
+            m.durable = new_leo
         self._check_read_from(m.log_start, 1 << 20, Isolation.LOG_END)
 
     # -- invariants ------------------------------------------------------------------------
@@ -562,10 +539,10 @@ def test_multi_batch_append_into_a_nearly_full_index(tmp_path: Path) -> None:
 def test_truncate_inside_the_batch_that_holds_the_log_start(tmp_path: Path) -> None:
     """The log start may lie inside a batch (DeleteRecords takes any offset up to the HW).
     Truncating to an offset inside that same batch removes the whole batch, so the log end
-    would fall below the log start: today the segment is cut on disk and then an invariant
-    fails, leaving the Log's offsets inconsistent. Expected: either the offsets stay
-    ordered (e.g. the log restarts at the truncation offset, as below the log start) or a
-    typed error refuses the truncation before anything changes."""
+    would fall below the log start (once an invariant failure that left the offsets
+    inconsistent). Expected: either the offsets stay ordered (the log restarts at the
+    truncation offset, as below the log start) or a typed error refuses the truncation
+    before anything changes."""
     log = load_log(tmp_path / "topic-0", LogConfig(), clock=FakeClock())
     try:
         records = [RecordInput(None, b"v%d" % i, 1) for i in range(4)]
