@@ -155,12 +155,17 @@ class OffsetIndex(_MappedIndex):
 
     def append(self, offset: int, position: int) -> None:
         entries = self.entries
-        if entries and offset <= self.last_entry()[0]:
+        if entries and offset <= (self._last or self.last_entry())[0]:
             raise InvariantViolation(f"{self.path}: offset index append {offset} not increasing")
         if entries >= self.max_entries:
             raise InvariantViolation(f"{self.path}: offset index is full")
-        mm = self._mm if self._mm is not None and self._growable else self._open_for_append()
-        _OFFSET_ENTRY.pack_into(mm, entries * 8, self.relative(offset), position)
+        rel = offset - self.base_offset
+        if rel > _MAX_RELATIVE:  # (rel >= 0 follows from the increasing check and the base)
+            self.relative(offset)  # raises OffsetOverflowError
+        mm = self._mm
+        if mm is None or not self._growable:
+            mm = self._open_for_append()
+        _OFFSET_ENTRY.pack_into(mm, entries * 8, rel, position)
         self.entries = entries + 1
         self._last = (offset, position)
 
@@ -227,19 +232,22 @@ class TimeIndex(_MappedIndex):
 
     def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> None:
         """Append (timestamp, offset) if the timestamp grew; duplicates are ignored."""
-        if not skip_full_check:
-            invariant(not self.is_full(), f"{self.path}: time index is full")
-        if self.entries:
-            last_ts, last_offset = self.last_entry()
+        entries = self.entries
+        if entries:
+            last_ts, last_offset = self._last or self.last_entry()
             if timestamp <= last_ts:
-                return
+                return  # the common case on the append path: no newer timestamp
             if offset < last_offset:
                 raise InvariantViolation(f"{self.path}: time index offset {offset} went back")
-        if self.entries >= self.max_entries:
+        if not skip_full_check and entries >= self.max_entries - 1:
+            raise InvariantViolation(f"{self.path}: time index is full")
+        if entries >= self.max_entries:
             return  # only reachable with skip_full_check on a completely full file
-        mm = self._mm if self._mm is not None and self._growable else self._open_for_append()
-        _TIME_ENTRY.pack_into(mm, self.entries * 12, timestamp, self.relative(offset))
-        self.entries += 1
+        mm = self._mm
+        if mm is None or not self._growable:
+            mm = self._open_for_append()
+        _TIME_ENTRY.pack_into(mm, entries * 12, timestamp, self.relative(offset))
+        self.entries = entries + 1
         self._last = (timestamp, offset)
 
     def lookup(self, timestamp: int) -> tuple[int, int]:

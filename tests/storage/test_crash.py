@@ -241,7 +241,7 @@ def _check_writer_log(log: Log, epoch_starts: dict[int, int], context: str) -> N
         expected_epoch = max(e for e, start in epoch_starts.items() if start <= base)
         assert epoch == expected_epoch, (offset, context)
     starts = sorted(epoch_starts.items())
-    ends = [start for _, start in starts[1:]] + [log.log_end_offset]
+    ends = [start for _, start in starts[1:]] + [log.log_end_offset] if starts else []
     for (epoch, start), end in zip(starts, ends, strict=True):
         if start < end:  # the writer got a batch in before it died
             assert log.end_offset_for_epoch(epoch) == (epoch, end), (epoch, context)
