@@ -45,9 +45,9 @@ INT64_MAX = 2**63 - 1
 _DECIMAL = re.compile(r"-?[0-9]+")
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or unlink inside ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (which makes a rename or unlink inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -73,7 +73,7 @@ def write_file_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
             tmp.unlink()
         raise
     if fsync:
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
 
 
 def parse_int(token: str, *, minimum: int, maximum: int) -> int:

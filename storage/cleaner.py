@@ -80,7 +80,7 @@ from storage.batch import (
     peek_size,
     validate_batch,
 )
-from storage.checkpoint import fsync_dir
+from storage.checkpoint import fsync_path
 from storage.errors import CorruptRecordError, LogDirOfflineError, StorageError, invariant
 from storage.loader import swap_file_name
 from storage.log import Log
@@ -324,13 +324,13 @@ def _clean_group(
         if not counts.changed and count == 1:
             return CleanStats(clean_end_offset=end)
         _preserve_mtime(cleaned, group)
-        _fsync_file(cleaned)
+        fsync_path(cleaned)
         with log._lock:
             if not _still_in_log(log, plan.run[start:]):
                 return None
             swap = log.dir / swap_file_name(base, end)
             os.replace(cleaned, swap)
-            fsync_dir(log.dir)
+            fsync_path(log.dir)
             segment = log.replace_segments([s.base_offset for s in group], swap)
         invariant(
             segment.size == written,
@@ -398,14 +398,6 @@ def _preserve_mtime(path: Path, group: Sequence[LogSegment]) -> None:
     without timestamps is aged (retention, lag, delete horizon) by it."""
     newest_ns = max(os.fstat(s.handle.fd).st_mtime_ns for s in group)
     os.utime(path, ns=(newest_ns, newest_ns))
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _filter_batch(

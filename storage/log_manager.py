@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from storage.checkpoint import OffsetCheckpointFile, fsync_dir
+from storage.checkpoint import OffsetCheckpointFile, fsync_path
 from storage.cleaner import compact
 from storage.config import LogConfig
 from storage.errors import LogDirOfflineError, StorageError
@@ -101,7 +101,7 @@ class LogManager:
             self._log_dir[tp] = data_dir
         if clean:
             marker.unlink()
-            fsync_dir(data_dir)
+            fsync_path(data_dir)
         self.checkpoint(data_dir)
 
     def shutdown(self) -> None:
@@ -118,7 +118,7 @@ class LogManager:
                 continue
             self.checkpoint(data_dir, include_closed=True)
             (data_dir / CLEAN_SHUTDOWN_FILE).touch()
-            fsync_dir(data_dir)
+            fsync_path(data_dir)
         self._logs.clear()
 
     # -- logs ------------------------------------------------------------------------------

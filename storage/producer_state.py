@@ -55,7 +55,7 @@ from types import MappingProxyType
 import crc32c
 
 from storage.batch import NO_SEQUENCE, BatchHeader
-from storage.checkpoint import fsync_dir, write_file_atomic
+from storage.checkpoint import fsync_path, write_file_atomic
 from storage.errors import (
     CorruptSnapshotError,
     InvalidProducerEpochError,
@@ -363,7 +363,7 @@ class ProducerStateManager:
         for offset in offsets:
             snapshot_path(self.log_dir, offset).unlink(missing_ok=True)
         if offsets:
-            fsync_dir(self.log_dir)
+            fsync_path(self.log_dir)
 
 
 # -- snapshot codec ------------------------------------------------------------------------
