@@ -40,23 +40,20 @@ def get_handler(args: argparse.Namespace) -> Handler | None:
     return handler if callable(handler) else None
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type`` for counts and sizes: a decimal integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a decimal integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse ``type`` for epochs and offsets: a decimal integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
-    return value
+positive_int = int_at_least(1)  # counts and sizes
+non_negative_int = int_at_least(0)  # epochs and offsets
