@@ -100,7 +100,8 @@ def _io_guarded(method: Callable[Concatenate[Log, P], R]) -> Callable[Concatenat
 
     def wrapper(self: Log, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
-            self._check_online()
+            if self._offline is not None:
+                self._check_online()  # raises
             try:
                 return method(self, *args, **kwargs)
             except OSError as e:
@@ -316,18 +317,18 @@ class Log:
         now_ms: int,
         log_append_time_ms: int,
     ) -> AppendInfo:
-        records = 0
-        max_timestamp = -1
-        for _, header in batches:
-            records += header.record_count
-            if header.max_timestamp > max_timestamp:
-                max_timestamp = header.max_timestamp
         last = batches[-1].header
-        self._maybe_roll(size, max_timestamp, last.last_offset, now_ms)
+        if len(batches) == 1:
+            records, max_timestamp = last.record_count, last.max_timestamp
+        else:
+            records = sum(b.header.record_count for b in batches)
+            max_timestamp = max(b.header.max_timestamp for b in batches)
+        self._maybe_roll(size, max_timestamp, last.base_offset + last.last_offset_delta, now_ms)
         self.active_segment.append(buffers, batches, size)
-        for _, header in batches:
-            if header.producer_id >= 0:
-                self.producer_state.update(header)
+        if last.producer_id >= 0 or len(batches) > 1:
+            for _, header in batches:
+                if header.producer_id >= 0:
+                    self.producer_state.update(header)
         first_offset = batches[0].header.base_offset
         self._log_end_offset = last.base_offset + last.last_offset_delta + 1
         self._unflushed_messages += records
@@ -704,7 +705,7 @@ def _patched(
     rest is the caller's memory, unchanged. LogAppendTime changes CRC-covered fields, so then
     the whole 61-byte header is rebuilt and the CRC recomputed incrementally.
     """
-    end = position + header.size_bytes
+    end = position + header.batch_length + LOG_OVERHEAD
     prefix = _PREFIX.pack(
         header.base_offset, header.batch_length, header.partition_leader_epoch, header.magic
     )
