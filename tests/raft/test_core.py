@@ -1,0 +1,199 @@
+"""Unit tests of the sans-I/O core, named after the Raft paper's sections and KRaft's rules.
+No sockets and no sleeps: a synchronous harness (cluster.py) moves virtual time."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from cluster import Cluster
+
+from raft.core import IllegalTransition, LogMeta, NotLeader, RaftConfig, RaftCore
+from raft.messages import (
+    Envelope,
+    QuorumState,
+    VoteRequest,
+    VoteResponse,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def elect(cluster: Cluster, until_ms: int = 10_000) -> int:
+    cluster.run(until_ms)
+    leaders = cluster.leaders()
+    assert len(leaders) == 1, leaders
+    return leaders[0]
+
+
+def test_the_core_imports_no_io_modules() -> None:
+    banned = {"asyncio", "grpc", "time", "random", "os", "socket", "threading", "select"}
+    for module in ("core.py", "messages.py"):
+        tree = ast.parse((REPO / "raft" / module).read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{module} imports {name}"
+
+
+def test_5_2_one_leader_is_elected_and_everyone_follows_it() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    epoch = cluster.nodes[leader].core.epoch
+    for node_id, node in cluster.nodes.items():
+        assert node.core.epoch == epoch
+        assert node.core.leader_id == leader
+        assert node.core.role == ("leader" if node_id == leader else "follower")
+        assert node.state == QuorumState(epoch, node.state.voted_for, leader)  # persisted
+
+
+def test_5_2_a_single_voter_elects_itself() -> None:
+    cluster = Cluster(voters=1)
+    assert elect(cluster) == 1
+    last = cluster.propose(1, [b"x"])
+    cluster.run(cluster.now + 100)
+    assert cluster.nodes[1].core.high_watermark == last + 1
+    assert cluster.nodes[1].applied == [b"x"]
+
+
+def test_5_3_records_commit_once_a_majority_has_fetched_them() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    followers = [n for n in cluster.nodes if n != leader]
+    cluster.cut |= {(leader, followers[0]), (followers[0], leader)}
+    last = cluster.propose(leader, [b"a", b"b", b"c"])
+    cluster.run(cluster.now + 200)
+    assert cluster.nodes[leader].core.high_watermark == last + 1  # leader + one follower
+    assert cluster.nodes[followers[1]].applied == [b"a", b"b", b"c"]
+    assert cluster.nodes[followers[0]].applied == []
+
+
+def test_5_4_2_the_high_watermark_waits_for_a_record_of_the_leaders_epoch() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    node = cluster.nodes[leader]
+    assert node.log[0].is_control and node.log[0].epoch == node.core.epoch
+    # The leader-change record itself is what lets the HW move in a new epoch.
+    assert node.core.high_watermark == 1
+
+
+def test_5_4_1_a_candidate_with_a_stale_log_gets_no_vote() -> None:
+    config = RaftConfig()
+    voter = RaftCore(
+        config,
+        2,
+        frozenset({1, 2, 3}),
+        state=QuorumState(3),
+        log=LogMeta(0, 10, ((1, 0), (3, 5))),
+        seed=1,
+        now_ms=0,
+    )
+    stale = VoteRequest(4, 1, last_epoch=2, last_epoch_end_offset=20, pre_vote=False)
+    ready = voter.step(Envelope(1, 2, stale), 0)
+    (reply,) = ready.messages
+    assert isinstance(reply.payload, VoteResponse) and not reply.payload.granted
+    assert voter.epoch == 4  # the higher epoch is still adopted
+    fresh = VoteRequest(4, 3, last_epoch=3, last_epoch_end_offset=10, pre_vote=False)
+    ready = voter.step(Envelope(3, 2, fresh), 1)
+    assert ready.quorum_state == QuorumState(4, 3, -1)  # the vote is persisted before the reply
+    assert isinstance(ready.messages[0].payload, VoteResponse) and ready.messages[0].payload.granted
+
+
+def test_pre_vote_does_not_move_epochs_of_an_isolated_voter() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    loner = next(n for n in cluster.nodes if n != leader)
+    epoch = cluster.nodes[leader].core.epoch
+    for other in cluster.nodes:
+        if other != loner:
+            cluster.cut |= {(loner, other), (other, loner)}
+    cluster.run(cluster.now + 20_000)
+    assert cluster.nodes[loner].core.role in ("prospective", "unattached")
+    assert cluster.nodes[loner].core.epoch == epoch  # pre-votes only, no epoch inflation
+    cluster.cut.clear()
+    cluster.run(cluster.now + 10_000)
+    assert cluster.leaders() == [leader]
+    assert cluster.nodes[leader].core.epoch == epoch
+
+
+def test_kraft_a_diverged_follower_truncates_to_the_leader() -> None:
+    cluster = Cluster(voters=3)
+    old = elect(cluster)
+    others = [n for n in cluster.nodes if n != old]
+    for other in others:
+        cluster.cut |= {(old, other), (other, old)}
+    cluster.propose(old, [b"lost-1", b"lost-2"])  # written only on the isolated leader
+    cluster.run(cluster.now + 100)
+    diverged_end = cluster.nodes[old].core.log_end_offset
+    cluster.run(cluster.now + 10_000)
+    new = [n for n in cluster.leaders() if n != old]
+    assert len(new) == 1
+    cluster.propose(new[0], [b"kept"])
+    cluster.run(cluster.now + 500)
+    cluster.cut.clear()
+    cluster.run(cluster.now + 10_000)
+    node = cluster.nodes[old]
+    assert node.core.role == "follower" and node.core.leader_id == new[0]
+    assert node.log == cluster.nodes[new[0]].log  # the uncommitted tail was replaced
+    assert b"lost-1" not in node.applied and b"kept" in node.applied
+    assert diverged_end > 1
+
+
+def test_check_quorum_a_partitioned_leader_resigns() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    for other in cluster.nodes:
+        if other != leader:
+            cluster.cut |= {(leader, other), (other, leader)}
+    cluster.run(cluster.now + 4_000)  # 1.5 x fetch timeout is 3 s
+    assert cluster.nodes[leader].core.role != "leader"
+    others = [n for n in cluster.nodes if n != leader]
+    assert len([n for n in others if cluster.nodes[n].core.role == "leader"]) == 1
+
+
+def test_end_quorum_epoch_lets_the_others_elect_at_once() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    start = cluster.now
+    cluster.apply(leader, cluster.nodes[leader].core.resign(cluster.now))
+    cluster.run(start + 1_500)  # well before a fetch timeout (2 s) would notice
+    new = [n for n in cluster.leaders() if n != leader]
+    assert len(new) == 1
+
+
+def test_an_observer_replicates_but_never_votes() -> None:
+    cluster = Cluster(voters=3, observers=1)
+    leader = elect(cluster)
+    cluster.propose(leader, [b"m"])
+    cluster.run(cluster.now + 2_000)
+    observer = cluster.nodes[4]
+    assert observer.core.role == "observer" and observer.applied == [b"m"]
+    assert observer.state.voted_for == -1
+    request = VoteRequest(observer.core.epoch + 1, 2, 99, 99, pre_vote=False)
+    ready = observer.core.step(Envelope(2, 4, request), cluster.now)
+    assert isinstance(ready.messages[0].payload, VoteResponse)
+    assert not ready.messages[0].payload.granted
+
+
+def test_proposals_on_a_follower_raise_not_leader_naming_the_leader() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    follower = next(n for n in cluster.nodes if n != leader)
+    with pytest.raises(NotLeader) as err:
+        cluster.nodes[follower].core.propose([b"x"], cluster.now)
+    assert err.value.leader_id == leader
+
+
+def test_an_illegal_role_transition_raises() -> None:
+    core = RaftCore(
+        RaftConfig(), 1, frozenset({1, 2, 3}), state=QuorumState(), log=LogMeta(), seed=1, now_ms=0
+    )
+    from raft.core import _Role
+
+    with pytest.raises(IllegalTransition):
+        core._transition("leader", _Role("leader"))  # unattached -> leader skips the vote
