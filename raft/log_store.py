@@ -1,0 +1,123 @@
+"""The Raft log on the storage engine: a storage/ partition log whose batch partition leader
+epoch is the Raft epoch.
+
+The core describes batches as ``raft.messages.Batch`` (offsets, epoch, framed records); here
+each becomes one Kafka v2 record batch at exactly its offsets (``append_as_follower``: the
+core, not the log, assigns Raft offsets), so the metadata log is an ordinary segment log that
+``runnel log dump`` can read. Timestamps are 0 so every replica writes identical bytes, which
+is also why time-based retention and rolling are off for this log (snapshots bound it).
+
+Not thread-safe: the driver calls it from one worker at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raft.core import LogMeta, decode_records, encode_records
+from raft.messages import Batch, LogWrite, SnapshotId
+from storage.batch import validate_batch
+from storage.config import LogConfig
+from storage.errors import CorruptRecordError
+from storage.loader import load_log
+from storage.log import Isolation, Log
+from storage.records import DecodedBatch, RecordInput, build_batch, iter_decoded
+
+METADATA_LOG_DIR = "__cluster_metadata-0"
+LEADER_CHANGE_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: version 0, LEADER_CHANGE
+
+DEFAULT_LOG_CONFIG = LogConfig(
+    segment_bytes=64 * 1024 * 1024,
+    retention_ms=None,
+    retention_bytes=None,
+    max_message_bytes=16 * 1024 * 1024,
+)
+
+
+class RaftLogStore:
+    """Reads and writes the Raft log; ``meta`` describes it to a restarting core."""
+
+    def __init__(self, directory: Path, config: LogConfig = DEFAULT_LOG_CONFIG) -> None:
+        self.log: Log = load_log(directory / METADATA_LOG_DIR, config)
+
+    def meta(self, snapshot: SnapshotId | None) -> LogMeta:
+        log = self.log
+        epochs = tuple((e.epoch, e.start_offset) for e in log.epoch_cache.entries())
+        return LogMeta(log.log_start_offset, log.log_end_offset, epochs, snapshot)
+
+    def apply(self, write: LogWrite) -> None:
+        """Carry out a core LogWrite and fsync it (Raft acknowledges only durable data)."""
+        log = self.log
+        if write.restart_at is not None:
+            log.truncate_fully_and_start_at(write.restart_at)
+        if write.truncate_to is not None:
+            log.truncate_to(write.truncate_to)
+        if write.batches:
+            log.append_as_follower(b"".join(to_kafka_batch(b) for b in write.batches))
+        log.flush()
+
+    def read(self, offset: int, max_bytes: int) -> tuple[Batch, ...]:
+        """Batches from ``offset`` (at least one if any), about ``max_bytes`` in all."""
+        log, size = self.log, 0
+        out: list[Batch] = []
+        while offset < log.log_end_offset and (size < max_bytes or not out):
+            fetched = log.read(offset, max_bytes - size, isolation=Isolation.LOG_END)
+            if fetched.slice is None:
+                break
+            data = fetched.slice.read()
+            for decoded in iter_decoded(_whole_batches(data)):
+                out.append(from_kafka_batch(decoded))
+                size += decoded.header.batch_length + 12
+            if not out or out[-1].next_offset <= offset:
+                break
+            offset = out[-1].next_offset
+        return tuple(out)
+
+    def set_high_watermark(self, offset: int) -> None:
+        self.log.update_high_watermark(offset)
+
+    def delete_before(self, offset: int) -> None:
+        """Drop whole segments below ``offset`` (a snapshot covers them)."""
+        log = self.log
+        log.update_high_watermark(max(log.high_watermark, min(offset, log.log_end_offset)))
+        if offset <= log.high_watermark:
+            log.maybe_increment_log_start_offset(offset)
+            log.delete_old_segments()
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def to_kafka_batch(batch: Batch) -> bytes:
+    records = decode_records(batch.data)
+    key = LEADER_CHANGE_KEY if batch.is_control else None
+    return build_batch(
+        [RecordInput(key, value, 0) for value in records],
+        base_offset=batch.base_offset,
+        partition_leader_epoch=batch.epoch,
+        is_control=batch.is_control,
+    )
+
+
+def from_kafka_batch(decoded: DecodedBatch) -> Batch:
+    header = decoded.header
+    values = [r.value or b"" for r in decoded.records]
+    return Batch(
+        header.base_offset,
+        header.last_offset,
+        header.partition_leader_epoch,
+        encode_records(values),
+        header.is_control,
+    )
+
+
+def _whole_batches(data: bytes) -> bytes:
+    """Drop a partial batch at the end of a read slice."""
+    position = 0
+    while position < len(data):
+        try:
+            header = validate_batch(data, position)
+        except CorruptRecordError:
+            break  # a partial batch at the end of the slice
+        position += header.size_bytes
+    return data[:position]

@@ -1,0 +1,120 @@
+"""The Raft node's durable pieces on real files: quorum state, snapshots, the log store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raft.core import encode_records
+from raft.log_store import METADATA_LOG_DIR, RaftLogStore
+from raft.messages import Batch, LogWrite, QuorumState, SnapshotId
+from raft.quorum_state import QuorumStateError, QuorumStateStore
+from raft.snapshots import SnapshotError, SnapshotStore, file_name
+from storage.batch import validate_batch
+
+
+def test_quorum_state_round_trips_and_starts_at_epoch_zero(tmp_path: Path) -> None:
+    store = QuorumStateStore(tmp_path)
+    assert store.load() == QuorumState()
+    store.save(QuorumState(7, 2, -1))
+    assert QuorumStateStore(tmp_path).load() == QuorumState(7, 2, -1)
+    doc = json.loads(store.path.read_text())
+    assert (doc["leaderEpoch"], doc["votedId"], doc["leaderId"]) == (7, 2, -1)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "checksum", "version", "empty"])
+def test_a_corrupt_quorum_state_refuses_to_load(tmp_path: Path, damage: str) -> None:
+    store = QuorumStateStore(tmp_path)
+    store.save(QuorumState(3, 1, 1))
+    doc = json.loads(store.path.read_text())
+    if damage == "garbage":
+        store.path.write_text("{not json")
+    elif damage == "checksum":
+        doc["votedId"] = 2
+        store.path.write_text(json.dumps(doc))
+    elif damage == "version":
+        doc["data_version"] = 9
+        store.path.write_text(json.dumps(doc))
+    else:
+        store.path.write_text("")
+    with pytest.raises(QuorumStateError):
+        store.load()
+
+
+def test_snapshots_save_load_and_replace_older_ones(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    assert store.latest() is None
+    first, second = SnapshotId(100, 2), SnapshotId(250, 3)
+    store.save(first, b"state at 100")
+    assert store.latest() == first and store.load(first) == b"state at 100"
+    assert (tmp_path / file_name(first)).name == "00000000000000000100-0000000002.checkpoint"
+    store.save(second, b"state at 250")
+    assert store.latest() == second
+    assert not store.path(first).exists()
+
+
+def test_a_snapshot_arrives_in_chunks_and_a_corrupt_one_is_refused(tmp_path: Path) -> None:
+    source = SnapshotStore(tmp_path / "leader")
+    snapshot = SnapshotId(40, 1)
+    source.save(snapshot, bytes(range(256)) * 40)
+    target = SnapshotStore(tmp_path / "follower")
+    size, position = source.size(snapshot), 0
+    target.begin(snapshot)
+    while position < size:
+        chunk = source.read(snapshot, position, 1000)
+        target.write_chunk(snapshot, position, chunk)
+        position += len(chunk)
+    target.finish(snapshot)
+    assert target.load(snapshot) == bytes(range(256)) * 40
+
+    broken = SnapshotStore(tmp_path / "broken")
+    data = bytearray(source.read(snapshot, 0, size))
+    data[-1] ^= 1
+    broken.begin(snapshot)
+    broken.write_chunk(snapshot, 0, bytes(data))
+    with pytest.raises(SnapshotError):
+        broken.finish(snapshot)
+    assert broken.latest() is None
+    assert (
+        not list((tmp_path / "broken").glob("*.partial"))
+        or SnapshotStore(tmp_path / "broken").latest() is None
+    )
+
+
+def batch(base: int, count: int, epoch: int, control: bool = False) -> Batch:
+    records = [b"r%d" % (base + i) for i in range(count)]
+    return Batch(base, base + count - 1, epoch, encode_records(records), control)
+
+
+def test_the_log_store_writes_kafka_batches_at_raft_offsets(tmp_path: Path) -> None:
+    store = RaftLogStore(tmp_path)
+    written = (batch(0, 1, 1, control=True), batch(1, 3, 1), batch(4, 2, 2))
+    store.apply(LogWrite(batches=written))
+    assert store.read(0, 1 << 20) == written
+    assert store.read(2, 1 << 20)[0] == written[1]  # a read from inside a batch
+    meta = store.meta(None)
+    assert (meta.start_offset, meta.end_offset, meta.epochs) == (0, 6, ((1, 0), (2, 4)))
+    raw = (tmp_path / METADATA_LOG_DIR / "00000000000000000000.log").read_bytes()
+    first = validate_batch(raw)
+    assert first.partition_leader_epoch == 1 and first.is_control
+    store.close()
+    reopened = RaftLogStore(tmp_path)
+    assert reopened.read(0, 1 << 20) == written
+    reopened.close()
+
+
+def test_the_log_store_truncates_and_restarts(tmp_path: Path) -> None:
+    store = RaftLogStore(tmp_path)
+    store.apply(LogWrite(batches=(batch(0, 2, 1), batch(2, 2, 1), batch(4, 2, 2))))
+    store.apply(LogWrite(truncate_to=4, batches=(batch(4, 1, 3),)))
+    assert [b.epoch for b in store.read(0, 1 << 20)] == [1, 1, 3]
+    assert store.meta(None).epochs == ((1, 0), (3, 4))
+    store.apply(LogWrite(restart_at=100))
+    meta = store.meta(SnapshotId(100, 3))
+    assert (meta.start_offset, meta.end_offset) == (100, 100)
+    store.apply(LogWrite(batches=(batch(100, 1, 3),)))
+    assert store.read(100, 1 << 20) == (batch(100, 1, 3),)
+    store.close()
