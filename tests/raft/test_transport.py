@@ -1,0 +1,442 @@
+"""The Raft transport: the wire format (pure, property-tested), real gRPC transports on
+127.0.0.1 exchanging envelopes, the failure model (dead peers, full queues, misrouting), and
+the in-memory hub. Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proto import raft_pb2 as pb
+from raft import messages as m
+from raft.messages import Envelope
+from raft.transport import (
+    GrpcTransport,
+    LocalHub,
+    TransportConfig,
+    TransportError,
+    required_message_bytes,
+)
+from raft.wire import WireError, envelope_from_proto, envelope_to_proto
+
+T = TypeVar("T")
+WAIT_S = 10.0
+
+# -- the wire format -------------------------------------------------------------------------
+
+int32 = st.integers(-(2**31), 2**31 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
+snapshot_ids = st.builds(m.SnapshotId, int64, int32)
+batches = st.builds(m.Batch, int64, int64, int32, st.binary(max_size=300), st.booleans())
+payloads: st.SearchStrategy[m.Payload] = st.one_of(
+    st.builds(m.VoteRequest, int32, int32, int32, int64, st.booleans()),
+    st.builds(m.VoteResponse, int32, st.booleans(), st.booleans(), int32),
+    st.builds(m.BeginQuorumEpochRequest, int32, int32),
+    st.builds(m.BeginQuorumEpochResponse, int32),
+    st.builds(m.EndQuorumEpochRequest, int32, int32, st.tuples(int32, int32) | st.just(())),
+    st.builds(m.EndQuorumEpochResponse, int32),
+    st.builds(m.FetchRequest, int32, int32, int64, int32, int32),
+    st.builds(
+        m.FetchResponse,
+        int32,
+        int32,
+        int64,
+        int64,
+        st.lists(batches, max_size=5).map(tuple),
+        st.none() | st.builds(m.DivergingEpoch, int32, int64),
+        st.none() | snapshot_ids,
+        st.none() | int64,
+        int32,
+    ),
+    st.builds(m.FetchSnapshotRequest, int32, int32, snapshot_ids, int64, int32),
+    st.builds(
+        m.FetchSnapshotResponse,
+        int32,
+        int32,
+        snapshot_ids,
+        int64,
+        int64,
+        st.binary(max_size=300),
+        st.none() | int64,
+        int32,
+        st.booleans(),
+    ),
+)
+envelopes = st.builds(Envelope, int32, int32, payloads)
+
+ONE_OF_EACH: list[m.Payload] = [
+    m.VoteRequest(3, 1, 2, 40, pre_vote=True),
+    m.VoteResponse(3, granted=False, pre_vote=False, leader_id=m.NO_LEADER),
+    m.BeginQuorumEpochRequest(4, 2),
+    m.BeginQuorumEpochResponse(4),
+    m.EndQuorumEpochRequest(4, 2, (3, 1)),
+    m.EndQuorumEpochResponse(4),
+    m.FetchRequest(4, 3, 100, m.NO_EPOCH, 500),
+    m.FetchResponse(
+        4, 2, 90, 0, (m.Batch(100, 104, 4, b"records"), m.Batch(105, 105, 4, b"", True))
+    ),
+    m.FetchResponse(4, 2, 90, 0, diverging=m.DivergingEpoch(3, 80)),
+    m.FetchResponse(4, 2, 90, 50, snapshot_id=m.SnapshotId(50, 3), read_from=7, read_max_bytes=9),
+    m.FetchSnapshotRequest(4, 3, m.SnapshotId(50, 3), 1024, 4096),
+    m.FetchSnapshotResponse(4, 2, m.SnapshotId(50, 3), 0, 10, b"0123456789"),
+    m.FetchSnapshotResponse(4, 2, m.SnapshotId(50, 3), 5, 10, read_position=5, missing=True),
+]
+
+
+def through_the_wire(envelope: Envelope) -> Envelope:
+    data = envelope_to_proto(envelope).SerializeToString()
+    return envelope_from_proto(pb.Envelope.FromString(data))
+
+
+@pytest.mark.parametrize("payload", ONE_OF_EACH, ids=lambda p: type(p).__name__)
+def test_every_payload_type_round_trips(payload: m.Payload) -> None:
+    envelope = Envelope(1, 2, payload)
+    assert through_the_wire(envelope) == envelope
+
+
+def test_the_examples_cover_every_payload_type_and_oneof_member() -> None:
+    members = pb.Envelope.DESCRIPTOR.oneofs_by_name["payload"].fields
+    assert {type(p) for p in ONE_OF_EACH} == set(m.Payload.__args__)
+    names = {f.message_type.name for f in members if f.message_type is not None}
+    assert names == {c.__name__ for c in m.Payload.__args__}
+
+
+@pytest.mark.parametrize(
+    "cls", [*m.Payload.__args__, m.Batch, m.SnapshotId, m.DivergingEpoch], ids=lambda c: c.__name__
+)
+def test_the_proto_mirrors_each_dataclass_field_for_field(cls: type[Any]) -> None:
+    proto_fields = set(getattr(pb, cls.__name__).DESCRIPTOR.fields_by_name)
+    assert proto_fields == {f.name for f in dataclasses.fields(cls)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(envelopes)
+def test_any_envelope_round_trips(envelope: Envelope) -> None:
+    assert through_the_wire(envelope) == envelope
+
+
+def test_an_envelope_without_payload_is_a_wire_error() -> None:
+    with pytest.raises(WireError, match="without a payload"):
+        envelope_from_proto(pb.Envelope(source=1, destination=2))
+
+
+def test_a_snapshot_request_without_snapshot_id_is_a_wire_error() -> None:
+    message = pb.Envelope(source=1, destination=2)
+    message.fetch_snapshot_request.epoch = 3
+    with pytest.raises(WireError, match="snapshot_id"):
+        envelope_from_proto(message)
+
+
+def test_an_epoch_beyond_int32_is_a_programmer_error() -> None:
+    with pytest.raises(ValueError):
+        envelope_to_proto(Envelope(1, 2, m.BeginQuorumEpochResponse(2**31)))
+
+
+# -- config ----------------------------------------------------------------------------------
+
+
+def test_config_rejects_non_positive_limits() -> None:
+    with pytest.raises(ValueError, match="max_pending_messages_per_peer"):
+        TransportConfig(max_pending_messages_per_peer=0)
+
+
+def test_the_default_message_limit_carries_an_8_mib_fetch() -> None:
+    TransportConfig().check_fits(8 * 1024 * 1024)
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        TransportConfig(max_message_bytes=required_message_bytes(1024) - 1).check_fits(1024)
+
+
+# -- gRPC, for real --------------------------------------------------------------------------
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), 4 * WAIT_S)
+
+    asyncio.run(bounded())
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(poll(), WAIT_S)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what}")
+
+
+async def within(awaitable: Awaitable[T], seconds: float = WAIT_S) -> T:
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Node:
+    def __init__(self, node_id: int, config: TransportConfig | None = None, port: int = 0):
+        self.transport = GrpcTransport(node_id, f"127.0.0.1:{port}", config=config)
+        self.inbox: asyncio.Queue[Envelope] = asyncio.Queue()
+        self.transport.set_receiver(self.inbox.put_nowait)
+
+
+@asynccontextmanager
+async def cluster(size: int, config: TransportConfig | None = None) -> AsyncIterator[list[Node]]:
+    nodes = [Node(i, config) for i in range(1, size + 1)]
+    try:
+        for node in nodes:
+            await within(node.transport.start())
+        for node in nodes:
+            for other in nodes:
+                if other is not node:
+                    node.transport.add_peer(other.transport.node_id, other.transport.address)
+        yield nodes
+    finally:
+        for node in nodes:
+            await within(node.transport.close())
+
+
+def test_three_transports_exchange_every_kind_of_message() -> None:
+    async def main() -> None:
+        async with cluster(3) as nodes:
+            sent = []
+            for node in nodes:
+                for other in nodes:
+                    if other is not node:
+                        for payload in ONE_OF_EACH:
+                            envelope = Envelope(
+                                node.transport.node_id, other.transport.node_id, payload
+                            )
+                            await within(node.transport.send(envelope), 1)
+                            sent.append(envelope)
+            received = []
+            for node in nodes:
+                for _ in range(2 * len(ONE_OF_EACH)):
+                    envelope = await within(node.inbox.get())
+                    assert envelope.destination == node.transport.node_id
+                    received.append(envelope)
+            assert sorted(map(repr, received)) == sorted(map(repr, sent))
+
+    run(main)
+
+
+def test_a_fetch_response_larger_than_grpcs_default_4_mib_gets_through() -> None:
+    async def main() -> None:
+        async with cluster(2) as (a, b):
+            batch = m.Batch(0, 999, 1, bytes(range(256)) * (6 * 4096))  # 6 MiB
+            envelope = Envelope(1, 2, m.FetchResponse(1, 1, 1000, 0, (batch,)))
+            await a.transport.send(envelope)
+            assert await within(b.inbox.get()) == envelope
+
+    run(main)
+
+
+def test_a_send_to_a_dead_peer_returns_at_once_and_the_message_is_dropped() -> None:
+    async def main() -> None:
+        config = TransportConfig(request_timeout_ms=500)
+        async with cluster(1, config) as (a,):
+            a.transport.add_peer(2, f"127.0.0.1:{unused_port()}")
+            for epoch in range(3):
+                await within(
+                    a.transport.send(Envelope(1, 2, m.BeginQuorumEpochRequest(epoch, 1))), 0.1
+                )
+            stats = a.transport.stats(2)
+            await eventually(lambda: stats.failed == 3, "three failed sends")
+            assert stats.sent == 0
+
+    run(main)
+
+
+def test_a_send_to_an_unknown_node_is_dropped_without_raising() -> None:
+    async def main() -> None:
+        async with cluster(1) as (a,):
+            await within(a.transport.send(Envelope(1, 9, m.BeginQuorumEpochResponse(1))), 0.1)
+            assert a.transport.unknown_destination_drops == 1
+
+    run(main)
+
+
+def test_a_full_queue_drops_the_oldest_message() -> None:
+    async def main() -> None:
+        b = Node(2)
+        await within(b.transport.start())
+        config = TransportConfig(max_pending_messages_per_peer=2)
+        a = GrpcTransport(1, "127.0.0.1:0", {2: b.transport.address}, config)
+        try:
+            for epoch in range(1, 6):  # queued: not started yet
+                await a.send(Envelope(1, 2, m.BeginQuorumEpochResponse(epoch)))
+            assert a.stats(2).dropped_queue_full == 3
+            await within(a.start())
+            got = [await within(b.inbox.get()) for _ in range(2)]
+            assert [e.payload for e in got] == [
+                m.BeginQuorumEpochResponse(4),
+                m.BeginQuorumEpochResponse(5),
+            ]
+            await eventually(lambda: a.stats(2).sent == 2, "two acknowledgements")
+            assert b.inbox.empty()
+        finally:
+            await within(a.close())
+            await within(b.transport.close())
+
+    run(main)
+
+
+def test_a_message_for_another_node_is_refused_not_delivered() -> None:
+    async def main() -> None:
+        async with cluster(2) as (a, b):
+            a.transport.add_peer(3, b.transport.address)  # a wrong address book
+            await a.transport.send(Envelope(1, 3, m.BeginQuorumEpochResponse(1)))
+            await eventually(lambda: a.transport.stats(3).failed == 1, "the refusal")
+            assert b.inbox.empty()
+
+    run(main)
+
+
+def test_a_restarted_peer_is_reached_again() -> None:
+    async def main() -> None:
+        config = TransportConfig(request_timeout_ms=300, reconnect_backoff_max_ms=200)
+        port = unused_port()
+        async with cluster(1, config) as (a,):
+            a.transport.add_peer(2, f"127.0.0.1:{port}")
+            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+            await eventually(lambda: a.transport.stats(2).failed == 1, "a failed send")
+            b = Node(2, config, port)
+            await within(b.transport.start())
+            try:
+                while b.inbox.empty():  # bounded by run()'s deadline
+                    await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(2)))
+                    await asyncio.sleep(0.05)
+                assert (await within(b.inbox.get())).payload == m.BeginQuorumEpochResponse(2)
+            finally:
+                await within(b.transport.close())
+
+    run(main)
+
+
+def test_listening_on_a_port_in_use_fails_loudly() -> None:
+    async def main() -> None:
+        async with cluster(1) as (a,):
+            b = GrpcTransport(2, a.transport.address)
+            with pytest.raises(TransportError, match="cannot listen"):
+                await within(b.start())
+            await within(b.close())
+
+    run(main)
+
+
+def test_close_leaves_no_tasks_and_later_sends_are_dropped() -> None:
+    async def main() -> None:
+        before = asyncio.all_tasks()
+        async with cluster(3) as nodes:
+            await nodes[0].transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+            await within(nodes[1].inbox.get())
+        for node in nodes:
+            await within(node.transport.close())  # idempotent
+            await within(node.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1))), 0.1)
+        await asyncio.sleep(0.05)
+        assert asyncio.all_tasks() == before
+
+    run(main)
+
+
+def test_start_twice_is_a_programmer_error() -> None:
+    async def main() -> None:
+        async with cluster(1) as (a,):
+            with pytest.raises(RuntimeError, match="already started"):
+                await a.transport.start()
+
+    run(main)
+
+
+# -- in memory -------------------------------------------------------------------------------
+
+
+class LocalNode:
+    def __init__(self, hub: LocalHub, node_id: int) -> None:
+        self.transport = hub.transport(node_id)
+        self.received: list[Envelope] = []
+        self.transport.set_receiver(self.received.append)
+
+
+def test_the_local_hub_delivers_asynchronously_and_by_destination() -> None:
+    async def main() -> None:
+        hub = LocalHub()
+        a, b, c = (LocalNode(hub, i) for i in (1, 2, 3))
+        for node in (a, b, c):
+            await node.transport.start()
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+        await a.transport.send(Envelope(1, 3, m.BeginQuorumEpochResponse(2)))
+        assert b.received == []  # never re-enters the caller
+        await asyncio.sleep(0)
+        assert [e.payload for e in b.received] == [m.BeginQuorumEpochResponse(1)]
+        assert [e.payload for e in c.received] == [m.BeginQuorumEpochResponse(2)]
+        assert (hub.delivered, hub.dropped) == (2, 0)
+
+    run(main)
+
+
+def test_the_local_hub_drops_by_rule_and_heals() -> None:
+    async def main() -> None:
+        hub = LocalHub()
+        a, b = LocalNode(hub, 1), LocalNode(hub, 2)
+        for node in (a, b):
+            await node.transport.start()
+        hub.add_drop_rule(lambda e: (e.source, e.destination) == (1, 2))  # one-way partition
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+        await b.transport.send(Envelope(2, 1, m.BeginQuorumEpochResponse(1)))
+        await asyncio.sleep(0)
+        assert (len(a.received), len(b.received), hub.dropped) == (1, 0, 1)
+        hub.clear_drop_rules()
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(2)))
+        await asyncio.sleep(0)
+        assert len(b.received) == 1
+
+    run(main)
+
+
+def test_the_local_hub_bounds_each_inbox_dropping_the_oldest() -> None:
+    async def main() -> None:
+        hub = LocalHub(max_pending_messages_per_peer=2)
+        a, b = LocalNode(hub, 1), LocalNode(hub, 2)
+        for node in (a, b):
+            await node.transport.start()
+        for epoch in range(1, 6):
+            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(epoch)))
+        await asyncio.sleep(0)
+        assert [e.payload.epoch for e in b.received] == [4, 5]
+        assert hub.dropped == 3
+
+    run(main)
+
+
+def test_a_closed_local_node_gets_nothing_and_can_be_restarted() -> None:
+    async def main() -> None:
+        hub = LocalHub()
+        a, b = LocalNode(hub, 1), LocalNode(hub, 2)
+        for node in (a, b):
+            await node.transport.start()
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+        await b.transport.close()  # before delivery: the message is lost with the node
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(2)))
+        await asyncio.sleep(0)
+        assert b.received == [] and hub.dropped == 2
+        b2 = LocalNode(hub, 2)
+        await b2.transport.start()
+        await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(3)))
+        await asyncio.sleep(0)
+        assert [e.payload for e in b2.received] == [m.BeginQuorumEpochResponse(3)]
+
+    run(main)
