@@ -274,6 +274,13 @@ class RaftCore:
         return self._start
 
     @property
+    def leader_epoch_start_offset(self) -> int | None:
+        """On the leader, the offset of its leader-change record (a read barrier waits for
+        the HW to pass it); None elsewhere."""
+        role = self._role
+        return role.epoch_start_offset if isinstance(role, _Leader) else None
+
+    @property
     def next_deadline_ms(self) -> int:
         role = self._role
         deadline = role.deadline_ms

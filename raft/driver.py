@@ -1,0 +1,298 @@
+"""The asyncio shell around the Raft core: it owns the core's deadlines, carries out each
+Ready in order (quorum state, log write + fsync, sends, commits, log deletion) and offers the
+API the state machine above uses.
+
+One task runs the loop: wait for a message or the core's next deadline, call the core, apply
+the Ready. Proposals and snapshots call the core under the same lock, so the core sees one
+caller at a time and every Ready is complete before the next call, as the core assumes.
+Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from raft.core import NotLeader, RaftConfig, RaftCore, decode_records
+from raft.log_store import RaftLogStore
+from raft.messages import (
+    Envelope,
+    FetchResponse,
+    FetchSnapshotResponse,
+    Ready,
+    SnapshotId,
+)
+from raft.quorum_state import QuorumStateStore
+from raft.snapshots import SnapshotStore
+
+__all__ = ["NotLeader", "RaftNode", "RaftNodeConfig", "StateMachine", "Transport"]
+
+_log = logging.getLogger(__name__)
+
+
+class StateMachine(Protocol):
+    """What runs on top of the log: fed committed records in offset order."""
+
+    def apply(self, offset: int, record: bytes) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class Transport(Protocol):
+    """Best-effort delivery of envelopes between nodes (see raft/transport.py)."""
+
+    async def send(self, envelope: Envelope) -> None: ...
+
+    def set_receiver(self, callback: Callable[[Envelope], None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RaftNodeConfig:
+    node_id: int
+    voters: frozenset[int]
+    data_dir: Path
+    raft: RaftConfig = field(default_factory=RaftConfig)
+    snapshot_interval_records: int = 10_000  # snapshot after this many applied records
+    max_pending_proposals: int = 10_000  # proposals awaiting commit before propose waits
+
+    def __post_init__(self) -> None:
+        if self.snapshot_interval_records < 1 or self.max_pending_proposals < 1:
+            raise ValueError("snapshot_interval_records and max_pending_proposals must be >= 1")
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class RaftNode:
+    """One Raft voter or observer. Use from one event loop."""
+
+    def __init__(
+        self, config: RaftNodeConfig, transport: Transport, state_machine: StateMachine
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._machine = state_machine
+        directory = config.data_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        self._quorum_store = QuorumStateStore(directory)
+        self._snapshots = SnapshotStore(directory / "snapshots")
+        self._log = RaftLogStore(directory)
+        self._inbox: asyncio.Queue[Envelope | None] = asyncio.Queue(maxsize=10_000)  # None: tick
+        self._lock = asyncio.Lock()
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._slots = asyncio.Semaphore(config.max_pending_proposals)
+        self._listeners: list[Callable[[int, int], None]] = []
+        self._applied_end = 0
+        self._applied_epoch = 0
+        self._since_snapshot = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._core = self._restore()
+        transport.set_receiver(self._receive)
+
+    # -- start-up --------------------------------------------------------------------------
+    def _restore(self) -> RaftCore:
+        snapshot = self._snapshots.latest()
+        if snapshot is not None:
+            self._machine.restore(self._snapshots.load(snapshot))
+            self._applied_end, self._applied_epoch = snapshot.end_offset, snapshot.epoch
+            if self._log.log.log_end_offset < snapshot.end_offset:
+                self._log.log.truncate_fully_and_start_at(snapshot.end_offset)
+        meta = self._log.meta(snapshot)
+        return RaftCore(
+            self.config.raft,
+            self.config.node_id,
+            self.config.voters,
+            state=self._quorum_store.load(),
+            log=meta,
+            seed=int.from_bytes(os.urandom(8), "big"),
+            now_ms=_now_ms(),
+        )
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.node_id}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail_pending()
+        await asyncio.to_thread(self._log.close)
+
+    # -- the API ---------------------------------------------------------------------------
+    @property
+    def role(self) -> str:
+        return self._core.role
+
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
+    @property
+    def leader_id(self) -> int:
+        return self._core.leader_id
+
+    @property
+    def high_watermark(self) -> int:
+        return self._core.high_watermark
+
+    def add_leader_listener(self, callback: Callable[[int, int], None]) -> None:
+        """``callback(epoch, leader_id)`` on every change of the known leader."""
+        self._listeners.append(callback)
+
+    async def propose(self, records: Sequence[bytes]) -> int:
+        """Append records through the leader; returns the last record's offset once it is
+        committed. Raises NotLeader (with the leader's id and epoch) elsewhere."""
+        async with self._slots:
+            async with self._lock:
+                last, ready = self._core.propose(records, _now_ms())
+                future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                self._pending[last] = future
+                await self._apply(ready)
+            self._wake()
+            return await future
+
+    async def read_barrier(self, timeout_s: float = 10.0) -> None:
+        """Linearizable reads: on the leader, wait until its HW covers its epoch's start and
+        the state machine has applied up to it."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                start = self._core.leader_epoch_start_offset
+                if start is None:
+                    raise NotLeader(self._core.leader_id, self._core.epoch)
+                hw = self._core.high_watermark
+                if hw > start and self._applied_end >= hw:
+                    return
+                self._changed.clear()
+                await self._changed.wait()
+
+    # -- the loop --------------------------------------------------------------------------
+    def _receive(self, envelope: Envelope) -> None:
+        try:
+            self._inbox.put_nowait(envelope)
+        except asyncio.QueueFull:
+            _log.warning(
+                "raft %d: inbox full, dropping %s",
+                self.config.node_id,
+                type(envelope.payload).__name__,
+            )
+
+    def _wake(self) -> None:
+        # A proposal may have set an earlier deadline (linger): nudge the loop.
+        with contextlib.suppress(asyncio.QueueFull):
+            self._inbox.put_nowait(None)
+
+    async def _run(self) -> None:
+        while True:
+            delay_ms = max(0, self._core.next_deadline_ms - _now_ms())
+            envelope: Envelope | None = None
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with a completed get(), and close() would wait forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_ms / 1000):
+                    envelope = await self._inbox.get()
+            async with self._lock:
+                if envelope is None:
+                    ready = self._core.tick(_now_ms())
+                else:
+                    ready = self._core.step(envelope, _now_ms())
+                await self._apply(ready)
+
+    async def _apply(self, ready: Ready) -> None:
+        """Carry out one Ready in the documented order."""
+        if ready.quorum_state is not None:
+            await asyncio.to_thread(self._quorum_store.save, ready.quorum_state)
+        if ready.log_write is not None:
+            await asyncio.to_thread(self._log.apply, ready.log_write)
+        for snapshot_id, position, chunk in ready.snapshot_chunks:
+            self._snapshots.write_chunk(snapshot_id, position, chunk)
+        if ready.snapshot_loaded is not None:
+            await self._load_snapshot(ready.snapshot_loaded)
+        for envelope in ready.messages:
+            await self._transport.send(self._fill(envelope))
+        if ready.commit_offset is not None:
+            await self._commit(ready.commit_offset)
+        if ready.delete_before is not None:
+            await asyncio.to_thread(self._log.delete_before, ready.delete_before)
+        if ready.leader_changed is not None:
+            epoch, leader = ready.leader_changed
+            if leader != self.config.node_id:
+                self._fail_pending()
+            for callback in self._listeners:
+                callback(epoch, leader)
+        self._changed.set()
+
+    def _fill(self, envelope: Envelope) -> Envelope:
+        """Fill lazy replies with log records or snapshot bytes."""
+        payload = envelope.payload
+        if isinstance(payload, FetchResponse) and payload.read_from is not None:
+            batches = self._log.read(payload.read_from, payload.read_max_bytes)
+            payload = FetchResponse(
+                payload.epoch,
+                payload.leader_id,
+                payload.high_watermark,
+                payload.log_start_offset,
+                batches=batches,
+            )
+        elif isinstance(payload, FetchSnapshotResponse) and payload.read_position is not None:
+            snapshot = payload.snapshot_id
+            payload = FetchSnapshotResponse(
+                payload.epoch,
+                payload.leader_id,
+                snapshot,
+                payload.position,
+                self._snapshots.size(snapshot),
+                chunk=self._snapshots.read(snapshot, payload.read_position, payload.read_max_bytes),
+            )
+        return Envelope(envelope.source, envelope.destination, payload)
+
+    async def _load_snapshot(self, snapshot: SnapshotId) -> None:
+        await asyncio.to_thread(self._snapshots.finish, snapshot)
+        self._machine.restore(self._snapshots.load(snapshot))
+        self._applied_end, self._applied_epoch = snapshot.end_offset, snapshot.epoch
+        self._since_snapshot = 0
+
+    async def _commit(self, commit_offset: int) -> None:
+        self._log.set_high_watermark(commit_offset)
+        while self._applied_end < commit_offset:
+            batches = self._log.read(self._applied_end, 1024 * 1024)
+            if not batches:
+                break
+            for batch in batches:
+                if batch.next_offset <= self._applied_end or batch.base_offset >= commit_offset:
+                    continue
+                if not batch.is_control:
+                    for i, record in enumerate(decode_records(batch.data)):
+                        self._machine.apply(batch.base_offset + i, record)
+                        self._since_snapshot += 1
+                self._applied_end, self._applied_epoch = batch.next_offset, batch.epoch
+        for offset in [o for o in self._pending if o < commit_offset]:
+            future = self._pending.pop(offset)
+            if not future.done():
+                future.set_result(offset)
+        if self._since_snapshot >= self.config.snapshot_interval_records:
+            await self._take_snapshot()
+
+    async def _take_snapshot(self) -> None:
+        snapshot = SnapshotId(self._applied_end, self._applied_epoch)
+        data = self._machine.snapshot()
+        await asyncio.to_thread(self._snapshots.save, snapshot, data)
+        self._since_snapshot = 0
+        await self._apply(self._core.snapshot_taken(snapshot, _now_ms()))
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(NotLeader(self._core.leader_id, self._core.epoch))

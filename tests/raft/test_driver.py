@@ -1,0 +1,167 @@
+"""The asyncio driver with real files and an in-process network: elections, commits,
+NotLeader, read barriers, failover, restart and catch-up through a snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from raft.core import NotLeader, RaftConfig
+from raft.driver import RaftNode, RaftNodeConfig
+from raft.messages import Envelope
+
+FAST = RaftConfig(
+    election_timeout_ms=150,
+    election_backoff_max_ms=100,
+    fetch_timeout_ms=600,
+    fetch_max_wait_ms=100,
+    append_linger_ms=2,
+    request_timeout_ms=300,
+)
+
+
+class Counter:
+    """A replicated state machine: the list of applied records."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def apply(self, offset: int, record: bytes) -> None:
+        self.records.append(record)
+
+    def snapshot(self) -> bytes:
+        return b"\n".join(self.records)
+
+    def restore(self, data: bytes) -> None:
+        self.records = data.split(b"\n") if data else []
+
+
+class Hub:
+    """Delivers envelopes between nodes in this event loop; a node that is down drops them."""
+
+    def __init__(self) -> None:
+        self.receivers: dict[int, Callable[[Envelope], None]] = {}
+
+    def transport(self, node_id: int) -> HubTransport:
+        return HubTransport(self, node_id)
+
+
+class HubTransport:
+    def __init__(self, hub: Hub, node_id: int) -> None:
+        self.hub, self.node_id = hub, node_id
+
+    async def send(self, envelope: Envelope) -> None:
+        receiver = self.hub.receivers.get(envelope.destination)
+        if receiver is not None:
+            asyncio.get_running_loop().call_soon(receiver, envelope)
+
+    def set_receiver(self, callback: Callable[[Envelope], None]) -> None:
+        self.hub.receivers[self.node_id] = callback
+
+
+class Cluster:
+    def __init__(self, root: Path, voters: int = 3, snapshot_every: int = 10_000) -> None:
+        self.root, self.hub = root, Hub()
+        self.voters = frozenset(range(1, voters + 1))
+        self.snapshot_every = snapshot_every
+        self.nodes: dict[int, RaftNode] = {}
+        self.machines: dict[int, Counter] = {}
+
+    async def start(self, node_id: int) -> RaftNode:
+        machine = Counter()
+        config = RaftNodeConfig(
+            node_id,
+            self.voters,
+            self.root / f"node-{node_id}",
+            FAST,
+            snapshot_interval_records=self.snapshot_every,
+        )
+        node = RaftNode(config, self.hub.transport(node_id), machine)
+        await node.start()
+        self.nodes[node_id], self.machines[node_id] = node, machine
+        return node
+
+    async def stop(self, node_id: int) -> None:
+        self.hub.receivers.pop(node_id, None)
+        await self.nodes.pop(node_id).close()
+
+    async def leader(self, timeout_s: float = 10.0, exclude: int | None = None) -> RaftNode:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                leaders = [n for i, n in self.nodes.items() if n.role == "leader" and i != exclude]
+                if len(leaders) == 1:
+                    return leaders[0]
+                await asyncio.sleep(0.02)
+
+    async def converge(self, expected: list[bytes], timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while any(m.records != expected for m in self.machines.values()):
+                await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for node_id in list(self.nodes):
+            await self.stop(node_id)
+
+
+def run(coro: Callable[[], object]) -> None:
+    asyncio.run(asyncio.wait_for(coro(), 60))  # type: ignore[arg-type]
+
+
+def test_three_nodes_elect_a_leader_and_commit_proposals(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        try:
+            for node_id in (1, 2, 3):
+                await cluster.start(node_id)
+            leader = await cluster.leader()
+            offsets = [await leader.propose([b"r%d" % i]) for i in range(5)]
+            assert offsets == sorted(offsets) and len(set(offsets)) == 5
+            await cluster.converge([b"r%d" % i for i in range(5)])
+            await leader.read_barrier()
+            follower = next(n for n in cluster.nodes.values() if n is not leader)
+            with pytest.raises(NotLeader) as err:
+                await follower.propose([b"nope"])
+            assert err.value.leader_id == leader.config.node_id
+            with pytest.raises(NotLeader):
+                await follower.read_barrier()
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_failover_restart_and_catch_up_through_a_snapshot(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, snapshot_every=5)
+        try:
+            for node_id in (1, 2, 3):
+                await cluster.start(node_id)
+            leader = await cluster.leader()
+            expected = []
+            for i in range(12):
+                expected.append(b"a%d" % i)
+                await leader.propose([expected[-1]])
+            old = leader.config.node_id
+            await cluster.stop(old)  # the leader goes away
+            leader = await cluster.leader(exclude=old)
+            for i in range(12):
+                expected.append(b"b%d" % i)
+                await leader.propose([expected[-1]])
+            # The old leader comes back with its data and catches up.
+            await cluster.start(old)
+            await cluster.converge(expected)
+            # A node wiped of its data rejoins through a snapshot.
+            victim = next(i for i in cluster.nodes if i != leader.config.node_id)
+            await cluster.stop(victim)
+            shutil.rmtree(tmp_path / f"node-{victim}")
+            await cluster.start(victim)
+            await cluster.converge(expected)
+            assert list((tmp_path / f"node-{victim}" / "snapshots").glob("*.checkpoint"))
+        finally:
+            await cluster.close()
+
+    run(main)
