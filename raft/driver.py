@@ -123,6 +123,10 @@ class RaftNode:
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.node_id}")
 
     async def close(self) -> None:
+        """Stop; a leader first resigns (EndQuorumEpoch) so the others elect at once."""
+        if self._task is not None and self._core.role == "leader":
+            async with self._lock:
+                await self._apply(self._core.resign(_now_ms()))
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
