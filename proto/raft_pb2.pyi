@@ -107,7 +107,7 @@ class DivergingEpoch(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("epoch", "leader_id", "high_watermark", "log_start_offset", "batches", "diverging", "snapshot_id", "read_from", "read_max_bytes")
+    __slots__ = ("epoch", "leader_id", "high_watermark", "log_start_offset", "batches", "diverging", "snapshot_id", "read_from", "read_max_bytes", "fetch_offset", "last_fetched_epoch")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,8 @@ class FetchResponse(_message.Message):
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     READ_FROM_FIELD_NUMBER: _ClassVar[int]
     READ_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     leader_id: int
     high_watermark: int
@@ -126,7 +128,9 @@ class FetchResponse(_message.Message):
     snapshot_id: SnapshotId
     read_from: int
     read_max_bytes: int
-    def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ..., diverging: _Optional[_Union[DivergingEpoch, _Mapping]] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ..., read_from: _Optional[int] = ..., read_max_bytes: _Optional[int] = ...) -> None: ...
+    fetch_offset: int
+    last_fetched_epoch: int
+    def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ..., diverging: _Optional[_Union[DivergingEpoch, _Mapping]] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ..., read_from: _Optional[int] = ..., read_max_bytes: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchSnapshotRequest(_message.Message):
     __slots__ = ("epoch", "replica_id", "snapshot_id", "position", "max_bytes")

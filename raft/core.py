@@ -327,7 +327,7 @@ class RaftCore:
         self._enter(now_ms)
         role = self._role
         if not isinstance(role, _Leader):
-            raise NotLeader(self._quorum.leader_id, self._quorum.epoch)
+            raise NotLeader(self._known_leader(), self._quorum.epoch)
         if not records:
             raise ValueError("a proposal needs at least one record")
         role.pending.extend(records)
@@ -600,6 +600,7 @@ class RaftCore:
 
     def _leader_reply(
         self,
+        request: FetchRequest,
         *,
         read_from: int | None = None,
         diverging: DivergingEpoch | None = None,
@@ -614,21 +615,30 @@ class RaftCore:
             snapshot_id=snapshot_id,
             read_from=read_from,
             read_max_bytes=self.config.fetch_max_bytes if read_from is not None else 0,
+            fetch_offset=request.fetch_offset,
+            last_fetched_epoch=request.last_fetched_epoch,
         )
 
     def _answer_fetch(self, role: _Leader, source: int, request: FetchRequest) -> None:
         del role
         if request.fetch_offset < self._end:
-            self._send(source, self._leader_reply(read_from=request.fetch_offset))
+            self._send(source, self._leader_reply(request, read_from=request.fetch_offset))
         else:
-            self._send(source, self._leader_reply())
+            self._send(source, self._leader_reply(request))
 
     def _on_fetch(self, source: int, request: FetchRequest) -> None:
         role = self._role
         if not isinstance(role, _Leader) or request.epoch != self.epoch:
-            self._send(
-                source, FetchResponse(self.epoch, self._known_leader(), self._hw, self._start)
+            # Only who leads which epoch: no HW, since the position was not checked.
+            reply = FetchResponse(
+                self.epoch,
+                self._known_leader(),
+                -1,
+                self._start,
+                fetch_offset=request.fetch_offset,
+                last_fetched_epoch=request.last_fetched_epoch,
             )
+            self._send(source, reply)
             return
         replica = role.replicas.setdefault(source, _Replica())
         replica.last_fetch_ms = self._now
@@ -650,19 +660,25 @@ class RaftCore:
 
     def _check_fetch_position(self, request: FetchRequest) -> FetchResponse | None:
         """A reply redirecting the fetcher (snapshot or divergence), or None if its
-        (fetch offset, last fetched epoch) is consistent with our log."""
-        if self._snapshot is not None and request.fetch_offset < self._start:
-            return self._leader_reply(snapshot_id=self._snapshot)
-        if request.fetch_offset > self._end:
-            return self._leader_reply(diverging=DivergingEpoch(self._last_epoch(), self._end))
-        if request.fetch_offset == 0 and request.last_fetched_epoch == NO_EPOCH:
+        (fetch offset, last fetched epoch) is consistent with our log (Kafka's
+        ReplicatedLog.validateOffsetAndEpoch)."""
+        offset, last_epoch, snapshot = (
+            request.fetch_offset,
+            request.last_fetched_epoch,
+            self._snapshot,
+        )
+        if snapshot is not None and (
+            offset < self._start
+            or (offset == self._start and last_epoch != snapshot.epoch)
+            or last_epoch < snapshot.epoch
+        ):
+            return self._leader_reply(request, snapshot_id=snapshot)
+        if offset == 0 and last_epoch == NO_EPOCH:
             return None
-        epoch, end = self._end_offset_for(request.last_fetched_epoch)
-        if epoch == request.last_fetched_epoch and end >= request.fetch_offset:
+        epoch, end = self._end_offset_for(last_epoch)
+        if epoch == last_epoch and end >= offset:
             return None
-        if end < self._start and self._snapshot is not None:
-            return self._leader_reply(snapshot_id=self._snapshot)
-        return self._leader_reply(diverging=DivergingEpoch(epoch, max(end, 0)))
+        return self._leader_reply(request, diverging=DivergingEpoch(epoch, max(end, 0)))
 
     def _on_fetch_snapshot(self, source: int, request: FetchSnapshotRequest) -> None:
         role = self._role
@@ -758,15 +774,32 @@ class RaftCore:
             return
         if source != role.leader_id:
             return
-        role.deadline_ms = self._now + self.config.fetch_timeout_ms
+        role.deadline_ms = self._now + self.config.fetch_timeout_ms  # the leader is alive
+        if (
+            role.snapshot is not None
+            or response.fetch_offset != self._end
+            or response.last_fetched_epoch != self._last_epoch()
+        ):
+            return  # answers a position we are no longer at: a duplicate or a late reply
         if response.snapshot_id is not None:
-            role.snapshot, role.snapshot_position = response.snapshot_id, 0
+            if response.snapshot_id.end_offset > self._hw:
+                role.snapshot, role.snapshot_position = response.snapshot_id, 0
         elif response.diverging is not None:
-            self._truncate(max(min(response.diverging.end_offset, self._end), self._hw))
-        elif response.batches:
+            self._truncate_diverged(response.diverging)
+        else:
             self._append_fetched(response.batches)
-        self._update_follower_hw(response.high_watermark)
+            self._update_follower_hw(response.high_watermark)
         self._send_fetch(role)
+
+    def _truncate_diverged(self, diverging: DivergingEpoch) -> None:
+        """Kafka's truncateToEndOffset: cut where our log and the leader's agree, never
+        below our HW (committed records are never removed)."""
+        local_epoch, local_end = self._end_offset_for(diverging.epoch)
+        if local_epoch == diverging.epoch:
+            target = min(local_end, diverging.end_offset)
+        else:
+            target = local_end
+        self._truncate(max(min(target, self._end), self._hw))
 
     def _append_fetched(self, batches: tuple[Batch, ...]) -> None:
         for batch in batches:
@@ -775,6 +808,8 @@ class RaftCore:
             self._append(batch)
 
     def _update_follower_hw(self, leader_hw: int) -> None:
+        if leader_hw < 0:
+            return
         candidate = min(self._end, leader_hw)
         if candidate > self._hw:
             self._hw = candidate
@@ -798,7 +833,8 @@ class RaftCore:
         self._out.snapshot_chunks.append((response.snapshot_id, response.position, response.chunk))
         role.snapshot_position += len(response.chunk)
         if role.snapshot_position >= response.size:
-            self._load_snapshot(response.snapshot_id)
+            if response.snapshot_id.end_offset > self._hw:  # never roll applied state back
+                self._load_snapshot(response.snapshot_id)
             role.snapshot = None
         self._send_fetch(role)
 

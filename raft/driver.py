@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -242,22 +242,16 @@ class RaftNode:
         payload = envelope.payload
         if isinstance(payload, FetchResponse) and payload.read_from is not None:
             batches = self._log.read(payload.read_from, payload.read_max_bytes)
-            payload = FetchResponse(
-                payload.epoch,
-                payload.leader_id,
-                payload.high_watermark,
-                payload.log_start_offset,
-                batches=batches,
-            )
+            payload = replace(payload, batches=batches, read_from=None, read_max_bytes=0)
         elif isinstance(payload, FetchSnapshotResponse) and payload.read_position is not None:
             snapshot = payload.snapshot_id
-            payload = FetchSnapshotResponse(
-                payload.epoch,
-                payload.leader_id,
-                snapshot,
-                payload.position,
-                self._snapshots.size(snapshot),
-                chunk=self._snapshots.read(snapshot, payload.read_position, payload.read_max_bytes),
+            chunk = self._snapshots.read(snapshot, payload.read_position, payload.read_max_bytes)
+            payload = replace(
+                payload,
+                size=self._snapshots.size(snapshot),
+                chunk=chunk,
+                read_position=None,
+                read_max_bytes=0,
             )
         return Envelope(envelope.source, envelope.destination, payload)
 

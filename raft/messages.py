@@ -108,6 +108,10 @@ class DivergingEpoch:
 
 @dataclass(frozen=True, slots=True)
 class FetchResponse:
+    """A leader's answer to a Fetch. It echoes the request's position (``fetch_offset``,
+    ``last_fetched_epoch``) so a follower can drop duplicated or stale replies; a node that is
+    not the leader answers with ``high_watermark`` -1 (nothing to trust)."""
+
     epoch: int
     leader_id: int
     high_watermark: int
@@ -117,6 +121,8 @@ class FetchResponse:
     snapshot_id: SnapshotId | None = None  # fetch this snapshot first
     read_from: int | None = None  # lazy: the driver fills ``batches`` from here
     read_max_bytes: int = 0
+    fetch_offset: int = -1  # the position this reply answers (echoed from the request)
+    last_fetched_epoch: int = NO_EPOCH
 
 
 @dataclass(frozen=True, slots=True)

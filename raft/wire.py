@@ -119,6 +119,8 @@ def _fetch_response_to_proto(p: FetchResponse) -> pb.FetchResponse:
         log_start_offset=p.log_start_offset,
         batches=[_batch_to_proto(b) for b in p.batches],
         read_max_bytes=p.read_max_bytes,
+        fetch_offset=p.fetch_offset,
+        last_fetched_epoch=p.last_fetched_epoch,
     )
     if p.diverging is not None:
         out.diverging.CopyFrom(
@@ -230,6 +232,8 @@ def _fetch_response(m: pb.Envelope) -> FetchResponse:
         snapshot_id=_snapshot_id(p.snapshot_id) if p.HasField("snapshot_id") else None,
         read_from=p.read_from if p.HasField("read_from") else None,
         read_max_bytes=p.read_max_bytes,
+        fetch_offset=p.fetch_offset,
+        last_fetched_epoch=p.last_fetched_epoch,
     )
 
 

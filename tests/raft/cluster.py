@@ -3,7 +3,7 @@ virtual time, in-memory logs. (The full fault-injecting simulation lives in raft
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from raft.core import LogMeta, RaftConfig, RaftCore, decode_records
 from raft.messages import (
@@ -73,13 +73,7 @@ class Cluster:
         payload = envelope.payload
         if isinstance(payload, FetchResponse) and payload.read_from is not None:
             batches = tuple(b for b in node.log if b.base_offset >= payload.read_from)
-            payload = FetchResponse(
-                payload.epoch,
-                payload.leader_id,
-                payload.high_watermark,
-                payload.log_start_offset,
-                batches=batches,
-            )
+            payload = replace(payload, batches=batches, read_from=None, read_max_bytes=0)
         assert not isinstance(payload, FetchSnapshotResponse) or payload.read_position is None
         return Envelope(envelope.source, envelope.destination, payload)
 
