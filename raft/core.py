@@ -335,7 +335,9 @@ class RaftCore:
         last = self._end + len(role.pending) - 1
         if role.linger_deadline_ms == _NEVER:
             role.linger_deadline_ms = now_ms + self.config.append_linger_ms
-        if role.pending_bytes >= self.config.max_batch_bytes:
+        # Nagle's rule: with nothing uncommitted in flight, write at once (low latency);
+        # otherwise gather records until the HW catches up or the linger runs out.
+        if role.pending_bytes >= self.config.max_batch_bytes or self._hw >= self._end:
             self._flush_pending(role)
         return last, self._ready()
 
@@ -596,6 +598,8 @@ class RaftCore:
         if candidate > self._hw and candidate > role.epoch_start_offset:
             self._hw = candidate
             self._out.commit_offset = candidate
+            if role.pending and self._hw >= durable_end:
+                self._flush_pending(role)  # what was in flight is committed: send the next
             self._complete_parked(role)
 
     def _leader_reply(
