@@ -96,6 +96,7 @@ class RaftNode:
         self._applied_epoch = 0
         self._since_snapshot = 0
         self._changed = asyncio.Event()
+        self._loop_deadline_ms = 0  # when the loop next wakes by itself
         self._task: asyncio.Task[None] | None = None
         self._core = self._restore()
         transport.set_receiver(self._receive)
@@ -164,7 +165,8 @@ class RaftNode:
                 future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
                 self._pending[last] = future
                 await self._apply(ready)
-            self._wake()
+                if self._core.next_deadline_ms < self._loop_deadline_ms:
+                    self._wake()  # the loop sleeps past the core's new deadline
             return await future
 
     async def read_barrier(self, timeout_s: float = 10.0) -> None:
@@ -193,13 +195,13 @@ class RaftNode:
             )
 
     def _wake(self) -> None:
-        # A proposal may have set an earlier deadline (linger): nudge the loop.
         with contextlib.suppress(asyncio.QueueFull):
             self._inbox.put_nowait(None)
 
     async def _run(self) -> None:
         while True:
-            delay_ms = max(0, self._core.next_deadline_ms - _now_ms())
+            self._loop_deadline_ms = self._core.next_deadline_ms
+            delay_ms = max(0, self._loop_deadline_ms - _now_ms())
             envelope: Envelope | None = None
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that races with a completed get(), and close() would wait forever.
