@@ -40,8 +40,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +57,7 @@ import grpc.aio
 from proto import raft_pb2 as pb
 from proto import raft_pb2_grpc
 from raft.core import RaftConfig
+from raft.testing.processes import free_ports, kill, spawn_counter_node, spawn_python
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_IDS = (1, 2, 3)
@@ -76,7 +75,6 @@ FAILOVER_TIMEOUT_S = 30.0
 CATCH_UP_TIMEOUT_S = 60.0
 FSYNC_WRITE_BYTES = 64
 MAX_LATENCY_CONNECTIONS = 64
-PROCESS_EXIT_TIMEOUT_S = 10.0
 ROUNDS = 4  # latency: commit and baseline rounds alternate
 
 T = TypeVar("T")
@@ -230,36 +228,6 @@ async def ask_once(port: int, line: bytes, timeout_s: float) -> str | None:
 # --- processes ----------------------------------------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
-    """kill -9 and reap (bounded)."""
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=PROCESS_EXIT_TIMEOUT_S)
-
-
-def spawn(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, *args],
-            cwd=REPO,
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc (0 when it is gone)."""
     try:
@@ -278,30 +246,18 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = spawn(
-            [
-                "-m",
-                "raft.testing.counter_node",
-                "--node-id",
-                str(self.node_id),
-                "--voters",
-                self.voters,
-                "--client-port",
-                str(self.client_port),
-                "--data-dir",
-                str(self.data_dir),
-                "--election-timeout-ms",
-                str(ELECTION_TIMEOUT_MS),
-                "--fetch-timeout-ms",
-                str(FETCH_TIMEOUT_MS),
-                "--snapshot-every",
-                str(SNAPSHOT_EVERY_RECORDS),
-            ],
-            self.data_dir.parent / f"node-{self.node_id}.log",
+        self.proc = spawn_counter_node(
+            self.node_id,
+            self.voters,
+            self.client_port,
+            self.data_dir,
+            election_timeout_ms=ELECTION_TIMEOUT_MS,
+            fetch_timeout_ms=FETCH_TIMEOUT_MS,
+            snapshot_every=SNAPSHOT_EVERY_RECORDS,
         )
 
     def kill(self) -> None:
-        stop_process(self.proc)
+        kill(self.proc)
         self.proc = None
 
     async def status(self) -> list[str] | None:
@@ -447,7 +403,7 @@ class BaselineServer:
 
     async def start(self) -> None:
         self.line_port, self.grpc_port = free_ports(2)
-        self.proc = spawn(
+        self.proc = spawn_python(
             ["-m", "bench.raft", "--baseline-server", str(self.line_port), str(self.grpc_port)],
             self.root / "baseline-server.log",
         )
@@ -460,7 +416,7 @@ class BaselineServer:
         return self.proc.pid
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        kill(self.proc)
         self.proc = None
 
 

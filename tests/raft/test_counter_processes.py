@@ -4,31 +4,18 @@ rejoining through a snapshot."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from raft.testing.processes import free_ports, kill, spawn_counter_node
+
 TIMEOUT_S = 30
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class Node:
@@ -42,38 +29,18 @@ class Node:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.data_dir.parent / f"node-{self.node_id}.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "raft.testing.counter_node",
-                "--node-id",
-                str(self.node_id),
-                "--voters",
-                self.voters,
-                "--client-port",
-                str(self.client_port),
-                "--data-dir",
-                str(self.data_dir),
-                "--election-timeout-ms",
-                "300",
-                "--fetch-timeout-ms",
-                "1200",
-                "--snapshot-every",
-                "5",
-            ],
-            cwd=REPO,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+        self.proc = spawn_counter_node(
+            self.node_id,
+            self.voters,
+            self.client_port,
+            self.data_dir,
+            election_timeout_ms=300,
+            fetch_timeout_ms=1200,
+            snapshot_every=5,
         )
-        log.close()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        kill(self.proc)
         self.proc = None
 
     def ask(self, line: str, timeout_s: float = 5.0) -> str | None:
