@@ -1,8 +1,8 @@
-"""Kafka record batch (magic v2) headers: parse, validate and patch without decoding records.
+"""Kafka record batch (magic v2) headers: parse and validate without decoding records.
 
 The hot path treats a batch as opaque bytes. This module reads the fixed 61-byte header,
-checks the CRC and patches the fields the log owns (base offset, partition leader epoch,
-max timestamp) in place. Record-level encode/decode lives in ``records.py``.
+checks the CRC; the log (``Log.append_as_leader``) writes the fields it owns (base offset,
+partition leader epoch, max timestamp) as a new header prefix ahead of the caller's bytes. Record-level encode/decode lives in ``records.py``.
 
 Layout (big-endian), offsets in bytes from the batch start::
 
@@ -22,7 +22,7 @@ Layout (big-endian), offsets in bytes from the batch start::
    57  record_count           int32
    61  records ...
 
-All functions are pure apart from the explicit in-place patchers, and safe to call from any
+All functions are pure and safe to call from any
 thread on buffers the caller owns.
 """
 
@@ -217,21 +217,3 @@ def iter_headers(
         header = validate_batch(buf, pos) if check_crc else parse_header(buf, pos)
         yield pos, header
         pos += header.size_bytes
-
-
-def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
-    """Patch the base offset in place (outside the CRC)."""
-    _INT64.pack_into(buf, pos, base_offset)
-
-
-def set_partition_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
-    """Patch the partition leader epoch in place (outside the CRC)."""
-    _INT32.pack_into(buf, pos + _POS_EPOCH, epoch)
-
-
-def set_log_append_time(buf: bytearray | memoryview, pos: int, size: int, now_ms: int) -> None:
-    """Mark the batch LogAppendTime with ``now_ms`` as max timestamp; rewrites the CRC."""
-    (attributes,) = _INT16.unpack_from(buf, pos + _POS_ATTRIBUTES)
-    _INT16.pack_into(buf, pos + _POS_ATTRIBUTES, attributes | ATTR_TIMESTAMP_TYPE)
-    _INT64.pack_into(buf, pos + _POS_MAX_TIMESTAMP, now_ms)
-    _UINT32.pack_into(buf, pos + _POS_CRC, compute_crc(buf, pos, size))

@@ -123,12 +123,6 @@ class _MappedIndex:
         self._last = None
         self.path.unlink(missing_ok=True)
 
-    def rename(self, path: Path) -> None:
-        self._close_map()
-        if self.path.exists():
-            os.replace(self.path, path)
-        self.path = path
-
     def relative(self, offset: int) -> int:
         rel = offset - self.base_offset
         if rel < 0 or rel > _MAX_RELATIVE:
