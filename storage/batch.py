@@ -1,8 +1,9 @@
 """Kafka record batch (magic v2) headers: parse and validate without decoding records.
 
-The hot path treats a batch as opaque bytes. This module reads the fixed 61-byte header,
+The hot path treats a batch as opaque bytes. This module reads the fixed 61-byte header and
 checks the CRC; the log (``Log.append_as_leader``) writes the fields it owns (base offset,
-partition leader epoch, max timestamp) as a new header prefix ahead of the caller's bytes. Record-level encode/decode lives in ``records.py``.
+partition leader epoch, max timestamp) as a new header prefix ahead of the caller's bytes.
+Record-level encode/decode lives in ``records.py``.
 
 Layout (big-endian), offsets in bytes from the batch start::
 
@@ -22,8 +23,7 @@ Layout (big-endian), offsets in bytes from the batch start::
    57  record_count           int32
    61  records ...
 
-All functions are pure and safe to call from any
-thread on buffers the caller owns.
+All functions are pure and safe to call from any thread.
 """
 
 from __future__ import annotations
