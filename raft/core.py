@@ -209,6 +209,7 @@ class _Leader(_Role):
 class _Follower(_Role):
     leader_id: int = NO_LEADER
     fetch_resend_ms: int = _NEVER  # resend a Fetch that got no answer
+    leader_unreachable: bool = False  # the transport reported the leader down since its reply
     snapshot: SnapshotId | None = None  # being fetched
     snapshot_position: int = 0
 
@@ -340,6 +341,27 @@ class RaftCore:
         if role.pending_bytes >= self.config.max_batch_bytes or self._hw >= self._end:
             self._flush_pending(role)
         return last, self._ready()
+
+    def peer_unreachable(self, node_id: int, now_ms: int) -> Ready:
+        """The transport has evidence that ``node_id`` is down: its connection was reset or
+        refused. The fetch timeout exists for silence, which may be a long poll; evidence
+        lets a voter following that node campaign after a random part of one election
+        timeout instead. It probes the leader with an immediate Fetch first, whose answer
+        cancels all this. A wrong report costs little: pre-vote keeps the epoch, and voters
+        still hearing from the leader refuse it."""
+        self._enter(now_ms)
+        role = self._role
+        if (
+            isinstance(role, _Follower)
+            and role.name == FOLLOWER
+            and role.leader_id == node_id
+            and not role.leader_unreachable
+        ):
+            role.leader_unreachable = True
+            campaign_at = now_ms + self._rng.below(self.config.election_timeout_ms)
+            role.deadline_ms = min(role.deadline_ms, campaign_at)
+            self._send_fetch(role, max_wait_ms=0)
+        return self._ready()
 
     def snapshot_taken(self, snapshot_id: SnapshotId, now_ms: int) -> Ready:
         """The state machine saved a snapshot below ``snapshot_id.end_offset`` (committed):
@@ -722,7 +744,7 @@ class RaftCore:
         )
 
     # -- followers and observers -----------------------------------------------------------
-    def _send_fetch(self, role: _Follower) -> None:
+    def _send_fetch(self, role: _Follower, max_wait_ms: int | None = None) -> None:
         role.fetch_resend_ms = self._now + self.config.request_timeout_ms
         if role.snapshot is not None:
             self._send(
@@ -743,7 +765,7 @@ class RaftCore:
                 self.node_id,
                 self._end,
                 self._last_epoch(),
-                self.config.fetch_max_wait_ms,
+                self.config.fetch_max_wait_ms if max_wait_ms is None else max_wait_ms,
             ),
         )
 
@@ -778,7 +800,7 @@ class RaftCore:
             return
         if source != role.leader_id:
             return
-        role.deadline_ms = self._now + self.config.fetch_timeout_ms  # the leader is alive
+        self._heard_from_leader(role)
         if (
             role.snapshot is not None
             or response.fetch_offset != self._end
@@ -794,6 +816,10 @@ class RaftCore:
             self._append_fetched(response.batches)
             self._update_follower_hw(response.high_watermark)
         self._send_fetch(role)
+
+    def _heard_from_leader(self, role: _Follower) -> None:
+        role.deadline_ms = self._now + self.config.fetch_timeout_ms
+        role.leader_unreachable = False
 
     def _truncate_diverged(self, diverging: DivergingEpoch) -> None:
         """Kafka's truncateToEndOffset: cut where our log and the leader's agree, never
@@ -829,7 +855,7 @@ class RaftCore:
             or response.position != role.snapshot_position
         ):
             return
-        role.deadline_ms = self._now + self.config.fetch_timeout_ms
+        self._heard_from_leader(role)
         if response.missing:
             role.snapshot = None
             self._send_fetch(role)
@@ -882,7 +908,11 @@ class RaftCore:
         role = self._role
         if not self.is_voter or request.epoch <= self.epoch or isinstance(role, _Leader):
             return False
-        if isinstance(role, _Follower) and self._now < role.deadline_ms:
+        if (
+            isinstance(role, _Follower)
+            and self._now < role.deadline_ms
+            and not role.leader_unreachable
+        ):
             return False  # our leader is alive: no reason to elect another
         return self._log_up_to_date(request.last_epoch, request.last_epoch_end_offset)
 

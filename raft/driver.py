@@ -54,6 +54,8 @@ class Transport(Protocol):
 
     def set_receiver(self, callback: Callable[[Envelope], None]) -> None: ...
 
+    def set_unreachable_listener(self, callback: Callable[[int], None]) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RaftNodeConfig:
@@ -87,7 +89,8 @@ class RaftNode:
         self._quorum_store = QuorumStateStore(directory)
         self._snapshots = SnapshotStore(directory / "snapshots")
         self._log = RaftLogStore(directory)
-        self._inbox: asyncio.Queue[Envelope | None] = asyncio.Queue(maxsize=10_000)  # None: tick
+        # None: tick; an int: the transport says that node is unreachable
+        self._inbox: asyncio.Queue[Envelope | int | None] = asyncio.Queue(maxsize=10_000)
         self._lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._slots = asyncio.Semaphore(config.max_pending_proposals)
@@ -100,6 +103,7 @@ class RaftNode:
         self._task: asyncio.Task[None] | None = None
         self._core = self._restore()
         transport.set_receiver(self._receive)
+        transport.set_unreachable_listener(self._peer_unreachable)
 
     # -- start-up --------------------------------------------------------------------------
     def _restore(self) -> RaftCore:
@@ -194,6 +198,10 @@ class RaftNode:
                 type(envelope.payload).__name__,
             )
 
+    def _peer_unreachable(self, node_id: int) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._inbox.put_nowait(node_id)
+
     def _wake(self) -> None:
         with contextlib.suppress(asyncio.QueueFull):
             self._inbox.put_nowait(None)
@@ -202,7 +210,7 @@ class RaftNode:
         while True:
             self._loop_deadline_ms = self._core.next_deadline_ms
             delay_ms = max(0, self._loop_deadline_ms - _now_ms())
-            envelope: Envelope | None = None
+            envelope: Envelope | int | None = None
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that races with a completed get(), and close() would wait forever.
             with contextlib.suppress(TimeoutError):
@@ -211,6 +219,8 @@ class RaftNode:
             async with self._lock:
                 if envelope is None:
                     ready = self._core.tick(_now_ms())
+                elif isinstance(envelope, int):
+                    ready = self._core.peer_unreachable(envelope, _now_ms())
                 else:
                     ready = self._core.step(envelope, _now_ms())
                 await self._apply(ready)

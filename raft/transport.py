@@ -11,6 +11,8 @@ Failure model (the one the core is written for; Kafka's NetworkChannel assumes t
 - **Bounded memory.** Each peer has a queue of at most ``max_pending_messages_per_peer``
   messages; when it is full the *oldest* is dropped (Raft prefers fresh messages).
 - **Duplicates** are possible in principle (a message may be resent by the core) and harmless.
+- **Hints, not facts.** The unreachable listener hears of a peer whose connection broke or
+  was refused: evidence it is down, never proof (the core uses it only to campaign sooner).
 
 ``GrpcTransport`` sends each message as one unary ``RaftService.Send`` RPC
 (``proto/raft.proto``) on a gRPC channel per peer; a sender task per peer drains that peer's
@@ -53,12 +55,14 @@ __all__ = [
     "Transport",
     "TransportConfig",
     "TransportError",
+    "UnreachableListener",
     "required_message_bytes",
 ]
 
 log = logging.getLogger(__name__)
 
 Receiver = Callable[[Envelope], None]
+UnreachableListener = Callable[[int], None]  # called with the id of a peer that seems down
 DropRule = Callable[[Envelope], bool]
 
 MIB = 1024 * 1024
@@ -90,6 +94,8 @@ class Transport(Protocol):
     async def send(self, envelope: Envelope) -> None: ...
 
     def set_receiver(self, callback: Receiver) -> None: ...
+
+    def set_unreachable_listener(self, callback: UnreachableListener) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -148,7 +154,7 @@ class _Peer:
         self.address = address
         self.queue: asyncio.Queue[pb.Envelope] = asyncio.Queue(max_pending)
         self.channel: grpc.aio.Channel | None = None
-        self.task: asyncio.Task[None] | None = None
+        self.tasks: list[asyncio.Task[None]] = []  # the sender and the connection watcher
         self.stats = PeerStats()
         self.failing = False  # since the last failure, nothing was acknowledged
         self.overflowing = False  # since the last drop for a full queue, likewise
@@ -184,6 +190,7 @@ class GrpcTransport:
         self._listen_address = listen_address
         self._peers: dict[int, _Peer] = {}
         self._receiver: Receiver | None = None
+        self._unreachable: UnreachableListener | None = None
         self._server: grpc.aio.Server | None = None
         self._state = _State.NEW
         self.port: int | None = None
@@ -213,6 +220,11 @@ class GrpcTransport:
 
     def set_receiver(self, callback: Receiver) -> None:
         self._receiver = callback
+
+    def set_unreachable_listener(self, callback: UnreachableListener) -> None:
+        """``callback(peer_id)`` when a connection to that peer drops or a send to it is
+        refused: a killed process is noticed at once, not after a timeout."""
+        self._unreachable = callback
 
     async def start(self) -> None:
         if self._state is not _State.NEW:
@@ -260,14 +272,14 @@ class GrpcTransport:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        tasks = [peer.task for peer in self._peers.values() if peer.task is not None]
+        tasks = [task for peer in self._peers.values() for task in peer.tasks]
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for peer in self._peers.values():
             if peer.channel is not None:
                 await peer.channel.close(None)
-            peer.task, peer.channel = None, None
+            peer.tasks, peer.channel = [], None
         if self._server is not None:
             await self._server.stop(self.config.close_grace_ms / 1000)
             self._server = None
@@ -280,10 +292,14 @@ class GrpcTransport:
     def _start_peer(self, peer: _Peer) -> None:
         channel = grpc.aio.insecure_channel(peer.address, options=self._channel_options())
         peer.channel = channel
-        peer.task = asyncio.get_running_loop().create_task(
-            self._drain(peer, channel), name=f"raft-send-{self.node_id}-to-{peer.node_id}"
-        )
-        peer.task.add_done_callback(_log_crash)
+        loop = asyncio.get_running_loop()
+        name = f"{self.node_id}-to-{peer.node_id}"
+        peer.tasks = [
+            loop.create_task(self._drain(peer, channel), name=f"raft-send-{name}"),
+            loop.create_task(self._watch(peer, channel), name=f"raft-watch-{name}"),
+        ]
+        for task in peer.tasks:
+            task.add_done_callback(_log_crash)
 
     async def _drain(self, peer: _Peer, channel: grpc.aio.Channel) -> None:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
@@ -296,12 +312,30 @@ class GrpcTransport:
             except grpc.aio.AioRpcError as e:
                 peer.stats.failed += 1
                 self._note_failure(peer, e)
+                if e.code() is grpc.StatusCode.UNAVAILABLE:
+                    self._report_unreachable(peer)
             else:
                 peer.stats.sent += 1
                 peer.overflowing = False
                 if peer.failing:
                     peer.failing = False
                     log.info("node %d: node %d is reachable again", self.node_id, peer.node_id)
+
+    async def _watch(self, peer: _Peer, channel: grpc.aio.Channel) -> None:
+        """Report a peer whose established connection dropped: a killed process closes its
+        sockets, and its followers should not wait for their next fetch to learn it."""
+        ready = grpc.ChannelConnectivity.READY
+        state = channel.get_state(try_to_connect=False)
+        while True:
+            await channel.wait_for_state_change(state)
+            previous, state = state, channel.get_state(try_to_connect=False)
+            if previous is ready and state is not ready:
+                log.info("node %d: connection to node %d dropped", self.node_id, peer.node_id)
+                self._report_unreachable(peer)
+
+    def _report_unreachable(self, peer: _Peer) -> None:
+        if self._unreachable is not None and self._state is _State.STARTED:
+            self._unreachable(peer.node_id)
 
     def _note_failure(self, peer: _Peer, error: grpc.aio.AioRpcError) -> None:
         level = logging.DEBUG if peer.failing else logging.WARNING
@@ -423,8 +457,11 @@ class LocalHub:
         destination._enqueue(envelope)
 
     def _forget(self, transport: LocalTransport) -> None:
+        """A closed transport is a stopped node: the others hear it is unreachable."""
         if self._nodes.get(transport.node_id) is transport:
             del self._nodes[transport.node_id]
+            for other in self._nodes.values():
+                other._peer_closed(transport.node_id)
 
 
 class LocalTransport:
@@ -435,11 +472,15 @@ class LocalTransport:
         self._hub = hub
         self._inbox: deque[Envelope] = deque()
         self._receiver: Receiver | None = None
+        self._unreachable: UnreachableListener | None = None
         self._state = _State.NEW
         self._drain_scheduled = False
 
     def set_receiver(self, callback: Receiver) -> None:
         self._receiver = callback
+
+    def set_unreachable_listener(self, callback: UnreachableListener) -> None:
+        self._unreachable = callback
 
     async def start(self) -> None:
         if self._state is not _State.NEW:
@@ -457,6 +498,13 @@ class LocalTransport:
         self._hub.dropped += len(self._inbox)
         self._inbox.clear()
         self._hub._forget(self)
+
+    def _peer_closed(self, peer_id: int) -> None:
+        asyncio.get_running_loop().call_soon(self._report_unreachable, peer_id)
+
+    def _report_unreachable(self, peer_id: int) -> None:
+        if self._unreachable is not None and self._state is _State.STARTED:
+            self._unreachable(peer_id)
 
     def _enqueue(self, envelope: Envelope) -> None:
         if len(self._inbox) >= self._hub.max_pending_messages_per_peer:

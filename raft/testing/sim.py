@@ -7,6 +7,9 @@ heap of ``(time, seq, event)`` orders what happens. Running a seed twice gives t
 - Network: every message gets a random delay (a few are very slow, which reorders them), may be
   dropped or duplicated, and is lost if a partition blocks its (source, destination) link.
   Partitions are symmetric splits, one-way links, or an isolated leader; each heals later.
+- Transport reports: when a node crashes, each live node is usually told it is unreachable
+  (as a reset connection would tell it), and during the fault phase random reports name live
+  nodes (wrong ones), so early elections are exercised and must stay safe.
 - Storage, per node: the log (batches), the quorum-state file (replaced atomically) and the
   snapshot store (complete snapshots; partial ones being received are volatile). A node carries
   out each ``Ready`` in the documented order and fsyncs before it sends, so between Readys its
@@ -90,6 +93,9 @@ class SimConfig:
     down_max_ms: int = 4_000
     partition_min_ms: int = 300
     partition_max_ms: int = 5_000
+    # "peer unreachable" reports from the transport: after a crash, and wrong ones at random
+    crash_report_probability: float = 0.8
+    wrong_report_interval_ms: int = 2_000
     # clients and the state machine
     proposal_interval_ms: int = 120
     records_per_proposal_max: int = 4
@@ -387,6 +393,17 @@ class _Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class _Unreachable:
+    node_id: int  # told by its transport
+    peer: int  # that this node is down
+
+
+@dataclass(frozen=True, slots=True)
+class _WrongReport:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class _Restart:
     node_id: int
 
@@ -416,6 +433,8 @@ _Event = (
     | _Tick
     | _Propose
     | _Fault
+    | _Unreachable
+    | _WrongReport
     | _Restart
     | _Heal
     | _SnapshotRequest
@@ -470,6 +489,8 @@ class Simulation:
             _Tick: self._on_tick,  # type: ignore[dict-item]
             _Propose: self._on_propose,  # type: ignore[dict-item]
             _Fault: self._on_fault,  # type: ignore[dict-item]
+            _Unreachable: self._on_unreachable,  # type: ignore[dict-item]
+            _WrongReport: self._on_wrong_report,  # type: ignore[dict-item]
             _Restart: self._on_restart,  # type: ignore[dict-item]
             _Heal: self._on_heal,  # type: ignore[dict-item]
             _SnapshotRequest: self._on_snapshot_request,  # type: ignore[dict-item]
@@ -484,6 +505,7 @@ class Simulation:
             self._push(self.rng.randint(0, 50), _Restart(node.node_id))
         self._push(self._exp(config.proposal_interval_ms), _Propose())
         self._push(self._exp(config.fault_interval_ms), _Fault())
+        self._push(self._exp(config.wrong_report_interval_ms), _WrongReport())
         self._push(self._exp(config.snapshot_request_interval_ms), _SnapshotRequest())
         self._push(config.safety_ms, _StartLiveness())
         same_time, last_time = 0, -1
@@ -622,6 +644,30 @@ class Simulation:
             self._note(f"resign@{node.node_id}")
             self._carry_out(node, core.resign(self.now))
 
+    def _on_unreachable(self, event: _Unreachable) -> None:
+        node = self.nodes[event.node_id]
+        if node.core is not None:
+            self._note(f"unreachable@{node.node_id}", f"node {event.peer}")
+            self._carry_out(node, node.core.peer_unreachable(event.peer, self.now))
+
+    def _on_wrong_report(self, event: _WrongReport) -> None:
+        """A transport says a live node is down (a reset connection, say)."""
+        del event
+        if self.healed:
+            return
+        self._push(self._exp(self.config.wrong_report_interval_ms), _WrongReport())
+        node, peer = self.rng.sample(sorted(self.nodes), 2)
+        self._push(self.now, _Unreachable(node, peer))
+
+    def _report_crash(self, crashed: SimNode) -> None:
+        """Each live node's transport notices the crash (a reset connection) with some
+        probability, a network delay later."""
+        for node in self.nodes.values():
+            up = node is not crashed and node.core is not None
+            if up and self.rng.random() < self.config.crash_report_probability:
+                delay = self.rng.randint(self.config.delay_min_ms, self.config.delay_max_ms)
+                self._push(self.now + delay, _Unreachable(node.node_id, crashed.node_id))
+
     def _wipe_observer(self) -> None:
         observers = [n for n in self.nodes.values() if not n.is_voter]
         if not observers:
@@ -755,6 +801,7 @@ class Simulation:
     def _crash(self, node: SimNode) -> None:
         self._note(f"crash@{node.node_id}")
         self.result.crashes += 1
+        self._report_crash(node)
         node.core = None
         node.tick_gen += 1
         node.tick_at = None

@@ -12,6 +12,7 @@ from cluster import Cluster
 from raft.core import IllegalTransition, LogMeta, NotLeader, RaftConfig, RaftCore
 from raft.messages import (
     Envelope,
+    FetchRequest,
     QuorumState,
     VoteRequest,
     VoteResponse,
@@ -197,3 +198,60 @@ def test_an_illegal_role_transition_raises() -> None:
 
     with pytest.raises(IllegalTransition):
         core._transition("leader", _Role("leader"))  # unattached -> leader skips the vote
+
+
+def _isolate(cluster: Cluster, node: int) -> None:
+    for other in cluster.nodes:
+        if other != node:
+            cluster.cut |= {(node, other), (other, node)}
+
+
+def test_a_leader_reported_down_is_replaced_within_one_election_timeout() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    _isolate(cluster, leader)  # it died: nothing reaches it or comes from it
+    killed_at = cluster.now
+    for node in cluster.nodes:
+        if node != leader:
+            cluster.apply(node, cluster.nodes[node].core.peer_unreachable(leader, cluster.now))
+    probes = [e.payload for e in cluster.queue if e.destination == leader]
+    assert probes and all(isinstance(p, FetchRequest) and p.max_wait_ms == 0 for p in probes)
+    cluster.run(killed_at + 1_100)  # within one election timeout (1 s) and its round trips
+    new = [n for n in cluster.leaders() if n != leader]
+    assert len(new) == 1  # without the report the followers wait out the 2 s fetch timeout
+
+
+def test_a_wrong_unreachable_report_is_cancelled_by_the_leaders_answer() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    epoch = cluster.nodes[leader].core.epoch
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.apply(follower, cluster.nodes[follower].core.peer_unreachable(leader, cluster.now))
+    cluster.run(cluster.now + 5_000)
+    assert cluster.leaders() == [leader] and cluster.nodes[follower].core.role == "follower"
+    assert all(n.core.epoch == epoch for n in cluster.nodes.values())
+
+
+def test_a_lone_wrong_report_cannot_win_a_pre_vote_while_the_leader_is_heard() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    epoch = cluster.nodes[leader].core.epoch
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.cut |= {(leader, follower)}  # its answers are lost: the probe cannot cancel it
+    cluster.apply(follower, cluster.nodes[follower].core.peer_unreachable(leader, cluster.now))
+    cluster.run(cluster.now + 1_500)  # it campaigns; the other follower still fetches
+    assert cluster.nodes[follower].core.role == "prospective"
+    assert cluster.leaders() == [leader]
+    assert all(n.core.epoch == epoch for n in cluster.nodes.values())
+
+
+def test_an_unreachable_report_about_a_non_leader_changes_nothing() -> None:
+    cluster = Cluster(voters=3)
+    leader = elect(cluster)
+    follower, other = (n for n in cluster.nodes if n != leader)
+    core = cluster.nodes[follower].core
+    deadline = core.next_deadline_ms
+    ready = core.peer_unreachable(other, cluster.now)
+    assert ready.messages == () and core.next_deadline_ms == deadline
+    ready = cluster.nodes[leader].core.peer_unreachable(follower, cluster.now)
+    assert ready.messages == () and cluster.nodes[leader].core.role == "leader"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ class Hub:
 
     def __init__(self) -> None:
         self.receivers: dict[int, Callable[[Envelope], None]] = {}
+        self.unreachable_listeners: dict[int, Callable[[int], None]] = {}
 
     def transport(self, node_id: int) -> HubTransport:
         return HubTransport(self, node_id)
@@ -62,10 +64,15 @@ class HubTransport:
     def set_receiver(self, callback: Callable[[Envelope], None]) -> None:
         self.hub.receivers[self.node_id] = callback
 
+    def set_unreachable_listener(self, callback: Callable[[int], None]) -> None:
+        self.hub.unreachable_listeners[self.node_id] = callback
+
 
 class Cluster:
-    def __init__(self, root: Path, voters: int = 3, snapshot_every: int = 10_000) -> None:
-        self.root, self.hub = root, Hub()
+    def __init__(
+        self, root: Path, voters: int = 3, snapshot_every: int = 10_000, raft: RaftConfig = FAST
+    ) -> None:
+        self.root, self.hub, self.raft = root, Hub(), raft
         self.voters = frozenset(range(1, voters + 1))
         self.snapshot_every = snapshot_every
         self.nodes: dict[int, RaftNode] = {}
@@ -77,7 +84,7 @@ class Cluster:
             node_id,
             self.voters,
             self.root / f"node-{node_id}",
-            FAST,
+            self.raft,
             snapshot_interval_records=self.snapshot_every,
         )
         node = RaftNode(config, self.hub.transport(node_id), machine)
@@ -87,7 +94,16 @@ class Cluster:
 
     async def stop(self, node_id: int) -> None:
         self.hub.receivers.pop(node_id, None)
+        self.hub.unreachable_listeners.pop(node_id, None)
         await self.nodes.pop(node_id).close()
+
+    def crash(self, node_id: int) -> None:
+        """Cut the node off without a resignation, and tell the others as a reset
+        connection would; its task keeps running but hears and reaches nobody."""
+        self.hub.receivers.pop(node_id, None)
+        self.hub.unreachable_listeners.pop(node_id, None)
+        for listener in self.hub.unreachable_listeners.values():
+            listener(node_id)
 
     async def leader(self, timeout_s: float = 10.0, exclude: int | None = None) -> RaftNode:
         async with asyncio.timeout(timeout_s):
@@ -97,9 +113,12 @@ class Cluster:
                     return leaders[0]
                 await asyncio.sleep(0.02)
 
-    async def converge(self, expected: list[bytes], timeout_s: float = 10.0) -> None:
+    async def converge(
+        self, expected: list[bytes], timeout_s: float = 10.0, nodes: set[int] | None = None
+    ) -> None:
+        machines = [m for i, m in self.machines.items() if nodes is None or i in nodes]
         async with asyncio.timeout(timeout_s):
-            while any(m.records != expected for m in self.machines.values()):
+            while any(m.records != expected for m in machines):
                 await asyncio.sleep(0.02)
 
     async def close(self) -> None:
@@ -128,6 +147,29 @@ def test_three_nodes_elect_a_leader_and_commit_proposals(tmp_path: Path) -> None
             assert err.value.leader_id == leader.config.node_id
             with pytest.raises(NotLeader):
                 await follower.read_barrier()
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_a_crashed_leader_reported_unreachable_is_replaced_without_waiting_out_silence(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        # Silence alone would need a minute to start an election; the report needs one
+        # election timeout (150 ms), so an election inside the 10 s wait is the report's.
+        cluster = Cluster(tmp_path, raft=replace(FAST, fetch_timeout_ms=60_000))
+        try:
+            for node_id in (1, 2, 3):
+                await cluster.start(node_id)
+            leader = await cluster.leader()
+            old = leader.config.node_id
+            await leader.propose([b"before"])
+            cluster.crash(old)
+            new = await cluster.leader(timeout_s=10, exclude=old)
+            await new.propose([b"after"])
+            await cluster.converge([b"before", b"after"], nodes=set(cluster.nodes) - {old})
         finally:
             await cluster.close()
 

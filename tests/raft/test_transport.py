@@ -191,6 +191,8 @@ class Node:
         self.transport = GrpcTransport(node_id, f"127.0.0.1:{port}", config=config)
         self.inbox: asyncio.Queue[Envelope] = asyncio.Queue()
         self.transport.set_receiver(self.inbox.put_nowait)
+        self.unreachable: list[int] = []
+        self.transport.set_unreachable_listener(self.unreachable.append)
 
 
 @asynccontextmanager
@@ -256,6 +258,22 @@ def test_a_send_to_a_dead_peer_returns_at_once_and_the_message_is_dropped() -> N
             stats = a.transport.stats(2)
             await eventually(lambda: stats.failed == 3, "three failed sends")
             assert stats.sent == 0
+            assert set(a.unreachable) == {2}  # refused: evidence the peer is down
+
+    run(main)
+
+
+def test_a_peer_whose_connection_drops_is_reported_unreachable_without_a_send() -> None:
+    async def main() -> None:
+        async with cluster(3) as (a, b, c):
+            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+            await a.transport.send(Envelope(1, 3, m.BeginQuorumEpochResponse(1)))
+            await eventually(lambda: a.transport.stats(2).sent == 1, "a connection to b")
+            await eventually(lambda: a.transport.stats(3).sent == 1, "a connection to c")
+            await within(b.transport.close())  # its server closes every connection
+            await eventually(lambda: 2 in a.unreachable, "the report about b")
+            assert a.transport.stats(2).failed == 0  # the watcher told, not a failed send
+            assert 3 not in a.unreachable and 1 not in c.unreachable
 
     run(main)
 
@@ -418,6 +436,21 @@ def test_the_local_hub_bounds_each_inbox_dropping_the_oldest() -> None:
         await asyncio.sleep(0)
         assert [e.payload.epoch for e in b.received] == [4, 5]
         assert hub.dropped == 3
+
+    run(main)
+
+
+def test_closing_a_local_node_reports_it_unreachable_to_the_others() -> None:
+    async def main() -> None:
+        hub = LocalHub()
+        nodes = [LocalNode(hub, i) for i in (1, 2, 3)]
+        reports: dict[int, list[int]] = {1: [], 2: [], 3: []}
+        for node in nodes:
+            node.transport.set_unreachable_listener(reports[node.transport.node_id].append)
+            await node.transport.start()
+        await nodes[1].transport.close()
+        await asyncio.sleep(0)
+        assert reports == {1: [2], 2: [], 3: [2]}
 
     run(main)
 
