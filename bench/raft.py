@@ -16,9 +16,9 @@ readline/write/drain loop) and serves ``RaftService.Send`` with a bare acknowled
              A durable replicated commit needs at least: client round trip + leader fsync +
              one leader <-> follower round trip + follower fsync, so the floor is
              2 x echo round trip + 2 x fdatasync; commit latency / floor is the ratio.
-  throughput ``connections`` client connections each sending ``INCR 1`` (then ``INCR 100``)
-             back to back (closed loop per connection; the node answers one line at a time
-             per connection, so pipelining comes from the number of connections). Records/s
+  throughput ``connections`` client connections each keeping ``pipeline_depth`` requests of
+             ``INCR 1`` (then ``INCR 100``) outstanding; the node answers a connection's
+             requests in order but works on them at once, so they share batches. Records/s
              and proposals/s over a timed window after a warm-up, with the CPU seconds each
              process used. Baseline: the same load against the echo server.
   failover   kill -9 of the leader at a random point of the followers' fetch cycle, then the
@@ -27,8 +27,8 @@ readline/write/drain loop) and serves ``RaftService.Send`` with a bare acknowled
              itself leader, and how far the epoch moved (more than 1: a split or failed
              vote). The killed node is restarted and caught up before the next trial.
 
-Usage: ``python -m bench.raft [--quick] [--dir DIR] [--connections N]``. The last line
-printed is one JSON object with every figure and the parameters.
+Usage: ``python -m bench.raft [--quick] [--dir DIR] [--connections N] [--pipeline-depth D]``.
+The last line printed is one JSON object with every figure and the parameters.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ import grpc.aio
 from proto import raft_pb2 as pb
 from proto import raft_pb2_grpc
 from raft.core import RaftConfig
+from raft.testing.counter_node import serve_lines
 from raft.testing.processes import free_ports, kill, spawn_counter_node, spawn_python
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,6 +77,7 @@ FAILOVER_TIMEOUT_S = 30.0
 CATCH_UP_TIMEOUT_S = 60.0
 FSYNC_WRITE_BYTES = 64
 MAX_LATENCY_CONNECTIONS = 64
+READ_BYTES = 64 * 1024
 ROUNDS = 4  # latency: commit and baseline rounds alternate
 
 T = TypeVar("T")
@@ -89,6 +92,7 @@ class Params:
     throughput_window_s: float
     throughput_warmup_s: float
     connections: int
+    pipeline_depth: int
     failover_trials: int
 
 
@@ -143,10 +147,11 @@ class PacedRun:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """A closed-loop run: each connection sends its next request when the last is answered."""
+    """A pipelined run: each connection keeps ``pipeline_depth`` requests outstanding."""
 
     line: bytes
     connections: int
+    pipeline_depth: int
     window_s: float
     requests: int  # answered OK inside the window
     errors: int
@@ -349,17 +354,18 @@ class _AckServicer(raft_pb2_grpc.RaftServiceServicer):
 
 
 async def baseline_server(line_port: int, grpc_port: int) -> None:
-    """The trivial peer: the node's readline/write/drain loop answering ``OK <n>`` on
-    ``line_port``, and a gRPC ``RaftService`` that acknowledges on ``grpc_port``."""
+    """The trivial peer: the node's own pipelined line server (``serve_lines``) answering
+    ``OK <n>`` at once on ``line_port``, and a gRPC ``RaftService`` that acknowledges on
+    ``grpc_port``."""
+    count = 0
+
+    async def answer(words: list[str]) -> str:
+        nonlocal count
+        count += 1
+        return f"OK {count}"
 
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        count = 0
-        with contextlib.suppress(ConnectionError):
-            while line := await reader.readline():
-                count += len(line)
-                writer.write(f"OK {count}\n".encode())
-                await writer.drain()
-        writer.close()
+        await serve_lines(reader, writer, answer)
 
     rpc = grpc.aio.server()
     raft_pb2_grpc.add_RaftServiceServicer_to_server(_AckServicer(), rpc)
@@ -590,10 +596,11 @@ async def bench_latency(cluster: Cluster, server: BaselineServer, params: Params
 # --- throughput ---------------------------------------------------------------------------
 
 
-async def closed_loop(port: int, line: bytes, params: Params, pids: dict[str, int]) -> Load:
-    """``params.connections`` closed loops of ``line``; replies that arrive inside the timed
-    window (after a warm-up) count. CPU time of this process and of ``pids`` is measured
-    over the window."""
+async def pipelined_load(port: int, line: bytes, params: Params, pids: dict[str, int]) -> Load:
+    """``params.connections`` connections, each keeping ``params.pipeline_depth`` requests of
+    ``line`` outstanding (a reply lets the next request go; requests freed by one read go in
+    one write). Replies inside the timed window (after a warm-up) count. CPU time of this
+    process and of ``pids`` is measured over the window."""
     conns = [await Connection.open(port) for _ in range(params.connections)]
     window: list[float] = [float("inf"), float("inf")]  # [start, end]
     latencies: list[float] = []
@@ -602,19 +609,30 @@ async def closed_loop(port: int, line: bytes, params: Params, pids: dict[str, in
 
     async def worker(conn: Connection) -> None:
         nonlocal errors
-        while not stop:
-            start = time.perf_counter()
-            try:
-                reply = await conn.ask(line)
-            except (OSError, TimeoutError):
-                errors += 1
-                return
+        sent: deque[float] = deque()  # send time of each outstanding request, in order
+
+        def send(count: int) -> None:
+            sent.extend([time.perf_counter()] * count)
+            conn.writer.write(line * count)
+
+        send(params.pipeline_depth)
+        pending = b""
+        while sent:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                data = await conn.reader.read(READ_BYTES)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            *replies, pending = (pending + data).split(b"\n")
             done = time.perf_counter()
-            if window[0] <= done < window[1]:
-                if reply.startswith("OK "):
-                    latencies.append(done - start)
-                else:
-                    errors += 1
+            for reply in replies:
+                start = sent.popleft()
+                if window[0] <= done < window[1]:
+                    if reply.startswith(b"OK "):
+                        latencies.append(done - start)
+                    else:
+                        errors += 1
+            if not stop:
+                send(len(replies))
 
     workers = [asyncio.create_task(worker(c)) for c in conns]
     try:
@@ -639,6 +657,7 @@ async def closed_loop(port: int, line: bytes, params: Params, pids: dict[str, in
     return Load(
         line=line,
         connections=params.connections,
+        pipeline_depth=params.pipeline_depth,
         window_s=window[1] - window[0],
         requests=len(latencies),
         errors=errors,
@@ -655,7 +674,7 @@ async def bench_throughput(cluster: Cluster, params: Params, records: int) -> Th
         for i, n in cluster.nodes.items()
         if n.proc is not None
     }
-    load = await closed_loop(leader.client_port, f"INCR {records}\n".encode(), params, pids)
+    load = await pipelined_load(leader.client_port, f"INCR {records}\n".encode(), params, pids)
     return Throughput(records, load, leader.node_id)
 
 
@@ -741,6 +760,7 @@ def load_json(load: Load) -> dict[str, Any]:
         "latency": load.latency.summary(),
         "errors": load.errors,
         "connections": load.connections,
+        "pipeline_depth": load.pipeline_depth,
         "window_s": round(load.window_s, 2),
         "client_cpu_s": load.client_cpu_s,
         "server_cpu_s": load.server_cpu_s,
@@ -821,8 +841,9 @@ def report(params: Params, r: Results, load_at_start: float, elapsed_s: float) -
         "latency_proposals": params.latency_proposals,
         "baseline_requests": params.baseline_requests,
         "fsync_samples": params.fsync_samples,
-        "throughput_mode": "closed loop per connection",
+        "throughput_mode": "pipelined",
         "throughput_connections": params.connections,
+        "throughput_pipeline_depth": params.pipeline_depth,
         "throughput_window_s": params.throughput_window_s,
         "throughput_warmup_s": params.throughput_warmup_s,
         "failover_trials_count": len(r.failover),
@@ -877,14 +898,14 @@ def print_table(params: Params, r: Results) -> None:
     print(f"p99 by round (ms): {by_round}")
 
     print(
-        f"\n{'throughput, closed loop':<30}{'records/s':>10}{'requests/s':>11}{'p50 ms':>8}"
+        f"\n{'throughput, pipelined':<30}{'records/s':>10}{'requests/s':>11}{'p50 ms':>8}"
         f"{'p99 ms':>8}{'errors':>7}  CPU s in window  target"
     )
     loads: list[tuple[str, Load, float, str]] = [
-        (f"baseline: line echo x {params.connections}", b.echo_load, 0.0, ""),
+        (f"baseline: line echo {params.connections}x{params.pipeline_depth}", b.echo_load, 0.0, ""),
     ]
     for t in r.throughput:
-        label = f"INCR {t.records_per_proposal} x {t.load.connections}"
+        label = f"INCR {t.records_per_proposal} {t.load.connections}x{t.load.pipeline_depth}"
         target = f">= 20000: {verdict(t.records_per_s >= 20_000)}"
         loads.append((label, t.load, t.records_per_s, target))
     for label, load, records, target in loads:
@@ -922,7 +943,8 @@ def print_table(params: Params, r: Results) -> None:
         f"schedule on an idle connection; {r.latency.connections_used} connections used, worst "
         f"send lag {r.latency.max_send_lag_ms:.1f} ms); baselines: {params.baseline_requests} "
         f"requests the same way.\nthroughput: {params.throughput_window_s:.0f} s window after "
-        f"{params.throughput_warmup_s:.0f} s warm-up, each connection closed loop; "
+        f"{params.throughput_warmup_s:.0f} s warm-up; {params.connections} connections, each "
+        f"keeping {params.pipeline_depth} requests outstanding; "
         f"CPU = user + system seconds of each process inside the window."
     )
 
@@ -936,7 +958,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=REPO / "data",
         help="a directory on the disk to measure (a temporary subdirectory is used)",
     )
-    parser.add_argument("--connections", type=int, default=64, help="throughput clients")
+    parser.add_argument("--connections", type=int, default=8, help="throughput clients")
+    parser.add_argument(
+        "--pipeline-depth", type=int, default=128, help="outstanding requests per client"
+    )
     parser.add_argument(
         "--baseline-server", type=int, nargs=2, metavar="PORT", help=argparse.SUPPRESS
     )
@@ -968,7 +993,7 @@ async def run(root: Path, params: Params) -> Results:
             flush=True,
         )
         pids = {"echo server": server.pid}
-        echo_load = await closed_loop(server.line_port, b"INCR 1\n", params, pids)
+        echo_load = await pipelined_load(server.line_port, b"INCR 1\n", params, pids)
         server.stop()
         print(f"echo load: {echo_load.requests_per_s:.0f} requests/s", flush=True)
         throughput = []
@@ -1000,6 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         throughput_window_s=5.0 if quick else 10.0,
         throughput_warmup_s=1.0 if quick else 2.0,
         connections=args.connections,
+        pipeline_depth=args.pipeline_depth,
         failover_trials=5 if quick else 20,
     )
     load_at_start = os.getloadavg()[0]

@@ -3,8 +3,10 @@ Ready in order (quorum state, log write + fsync, sends, commits, log deletion) a
 API the state machine above uses.
 
 One task runs the loop: wait for a message or the core's next deadline, call the core, apply
-the Ready. Proposals and snapshots call the core under the same lock, so the core sees one
-caller at a time and every Ready is complete before the next call, as the core assumes.
+the Ready. Proposals wait in a queue that the loop hands to the core in one call (everything
+proposed while the previous Ready was being carried out becomes one batch, as KRaft's
+accumulator does). The loop and snapshots call the core under one lock, so the core sees
+one caller at a time and every Ready is complete before the next call, as the core assumes.
 Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
 """
 
@@ -15,6 +17,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -92,14 +95,14 @@ class RaftNode:
         # None: tick; an int: the transport says that node is unreachable
         self._inbox: asyncio.Queue[Envelope | int | None] = asyncio.Queue(maxsize=10_000)
         self._lock = asyncio.Lock()
-        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._proposals: list[tuple[Sequence[bytes], asyncio.Future[int]]] = []  # not yet proposed
+        self._pending: deque[tuple[int, asyncio.Future[int]]] = deque()  # by last offset
         self._slots = asyncio.Semaphore(config.max_pending_proposals)
         self._listeners: list[Callable[[int, int], None]] = []
         self._applied_end = 0
         self._applied_epoch = 0
         self._since_snapshot = 0
         self._changed = asyncio.Event()
-        self._loop_deadline_ms = 0  # when the loop next wakes by itself
         self._task: asyncio.Task[None] | None = None
         self._core = self._restore()
         transport.set_receiver(self._receive)
@@ -163,14 +166,15 @@ class RaftNode:
     async def propose(self, records: Sequence[bytes]) -> int:
         """Append records through the leader; returns the last record's offset once it is
         committed. Raises NotLeader (with the leader's id and epoch) elsewhere."""
+        if not records:
+            raise ValueError("a proposal needs at least one record")
         async with self._slots:
-            async with self._lock:
-                last, ready = self._core.propose(records, _now_ms())
-                future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-                self._pending[last] = future
-                await self._apply(ready)
-                if self._core.next_deadline_ms < self._loop_deadline_ms:
-                    self._wake()  # the loop sleeps past the core's new deadline
+            if self._core.role != "leader":
+                raise NotLeader(self._core.leader_id, self._core.epoch)
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._proposals.append((records, future))
+            if len(self._proposals) == 1:
+                self._wake()
             return await future
 
     async def read_barrier(self, timeout_s: float = 10.0) -> None:
@@ -208,8 +212,7 @@ class RaftNode:
 
     async def _run(self) -> None:
         while True:
-            self._loop_deadline_ms = self._core.next_deadline_ms
-            delay_ms = max(0, self._loop_deadline_ms - _now_ms())
+            delay_ms = max(0, self._core.next_deadline_ms - _now_ms())
             envelope: Envelope | int | None = None
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that races with a completed get(), and close() would wait forever.
@@ -224,6 +227,26 @@ class RaftNode:
                 else:
                     ready = self._core.step(envelope, _now_ms())
                 await self._apply(ready)
+                if self._proposals:
+                    await self._apply(self._propose_queued())
+
+    def _propose_queued(self) -> Ready:
+        """Hand every queued proposal to the core at once; each future learns its last
+        record's offset once that is committed."""
+        proposals, self._proposals = self._proposals, []
+        records = [record for batch, _ in proposals for record in batch]
+        try:
+            last, ready = self._core.propose(records, _now_ms())
+        except NotLeader as e:
+            for _, future in proposals:
+                if not future.done():
+                    future.set_exception(NotLeader(e.leader_id, e.epoch))
+            return Ready()
+        offset = last - len(records)
+        for batch, future in proposals:
+            offset += len(batch)
+            self._pending.append((offset, future))
+        return ready
 
     async def _apply(self, ready: Ready) -> None:
         """Carry out one Ready in the documented order."""
@@ -287,8 +310,9 @@ class RaftNode:
                         self._machine.apply(batch.base_offset + i, record)
                         self._since_snapshot += 1
                 self._applied_end, self._applied_epoch = batch.next_offset, batch.epoch
-        for offset in [o for o in self._pending if o < commit_offset]:
-            future = self._pending.pop(offset)
+        pending = self._pending
+        while pending and pending[0][0] < commit_offset:
+            offset, future = pending.popleft()
             if not future.done():
                 future.set_result(offset)
         if self._since_snapshot >= self.config.snapshot_interval_records:
@@ -302,7 +326,8 @@ class RaftNode:
         await self._apply(self._core.snapshot_taken(snapshot, _now_ms()))
 
     def _fail_pending(self) -> None:
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
+        pending, self._pending = self._pending, deque()
+        queued, self._proposals = self._proposals, []
+        for _, future in [*pending, *queued]:
             if not future.done():
                 future.set_exception(NotLeader(self._core.leader_id, self._core.epoch))

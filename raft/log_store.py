@@ -7,11 +7,16 @@ core, not the log, assigns Raft offsets), so the metadata log is an ordinary seg
 ``runnel log dump`` can read. Timestamps are 0 so every replica writes identical bytes, which
 is also why time-based retention and rolling are off for this log (snapshots bound it).
 
+Recent batches are also kept in memory as the core wrote them (``tail_cache_bytes`` of
+them, ending at the log end): the leader's fetch replies and every node's state machine read
+the tail, and decoding it back from Kafka batches would cost more than the rest of a commit.
+
 Not thread-safe: the driver calls it from one worker at a time.
 """
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 
 from raft.core import LogMeta, decode_records, encode_records
@@ -32,13 +37,22 @@ DEFAULT_LOG_CONFIG = LogConfig(
     retention_bytes=None,
     max_message_bytes=16 * 1024 * 1024,
 )
+DEFAULT_TAIL_CACHE_BYTES = 32 * 1024 * 1024
 
 
 class RaftLogStore:
     """Reads and writes the Raft log; ``meta`` describes it to a restarting core."""
 
-    def __init__(self, directory: Path, config: LogConfig = DEFAULT_LOG_CONFIG) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig = DEFAULT_LOG_CONFIG,
+        tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
+    ) -> None:
+        if tail_cache_bytes < 0:
+            raise ValueError(f"tail_cache_bytes must be >= 0, got {tail_cache_bytes}")
         self.log: Log = load_log(directory / METADATA_LOG_DIR, config)
+        self._tail = _TailCache(tail_cache_bytes)
 
     def meta(self, snapshot: SnapshotId | None) -> LogMeta:
         log = self.log
@@ -55,9 +69,13 @@ class RaftLogStore:
         if write.batches:
             log.append_as_follower(b"".join(to_kafka_batch(b) for b in write.batches))
         log.flush()
+        self._tail.update(write, log.log_end_offset)
 
     def read(self, offset: int, max_bytes: int) -> tuple[Batch, ...]:
         """Batches from ``offset`` (at least one if any), about ``max_bytes`` in all."""
+        cached = self._tail.read(offset, max_bytes)
+        if cached is not None:
+            return cached
         log, size = self.log, 0
         out: list[Batch] = []
         while offset < log.log_end_offset and (size < max_bytes or not out):
@@ -83,9 +101,71 @@ class RaftLogStore:
         if offset <= log.high_watermark:
             log.maybe_increment_log_start_offset(offset)
             log.delete_old_segments()
+        self._tail.drop_below(log.log_start_offset)
 
     def close(self) -> None:
         self.log.close()
+
+
+class _TailCache:
+    """The newest batches, contiguous and ending at the log end, within a byte budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._batches: list[Batch] = []
+        self._bytes = 0
+
+    def update(self, write: LogWrite, log_end: int) -> None:
+        batches = self._batches
+        if write.restart_at is not None:
+            self._clear()
+        if write.truncate_to is not None:
+            while batches and batches[-1].next_offset > write.truncate_to:
+                self._bytes -= len(batches.pop().data)
+        for batch in write.batches:
+            if batches and batches[-1].next_offset != batch.base_offset:
+                self._clear()
+            batches.append(batch)
+            self._bytes += len(batch.data)
+        if self._bytes > self.max_bytes:
+            self._evict(self.max_bytes * 3 // 4)  # in bulk: deleting from a list's front copies
+        if batches and batches[-1].next_offset != log_end:
+            self._clear()  # the log did something else than the write said: trust the log
+
+    def read(self, offset: int, max_bytes: int) -> tuple[Batch, ...] | None:
+        """Batches from the one holding ``offset``, or None when the cache does not reach it."""
+        batches = self._batches
+        if not batches or not batches[0].base_offset <= offset < batches[-1].next_offset:
+            return None
+        first = bisect.bisect_right(batches, offset, key=lambda b: b.base_offset) - 1
+        out: list[Batch] = []
+        size = 0
+        for index in range(first, len(batches)):
+            if out and size >= max_bytes:
+                break
+            out.append(batches[index])
+            size += len(batches[index].data)
+        return tuple(out)
+
+    def drop_below(self, offset: int) -> None:
+        batches = self._batches
+        count = bisect.bisect_right(batches, offset, key=lambda b: b.next_offset)
+        self._bytes -= sum(len(b.data) for b in batches[:count])
+        del batches[:count]
+
+    def _evict(self, target_bytes: int) -> None:
+        count, size = 0, self._bytes
+        for batch in self._batches:
+            if size <= target_bytes:
+                break
+            size -= len(batch.data)
+            count += 1
+        del self._batches[:count]
+        self._bytes = size
+
+    def _clear(self) -> None:
+        self._batches.clear()
+        self._bytes = 0
 
 
 def to_kafka_batch(batch: Batch) -> bytes:

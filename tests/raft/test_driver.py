@@ -30,9 +30,11 @@ class Counter:
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
+        self.offsets: dict[int, bytes] = {}  # what was applied at each offset
 
     def apply(self, offset: int, record: bytes) -> None:
         self.records.append(record)
+        self.offsets[offset] = record
 
     def snapshot(self) -> bytes:
         return b"\n".join(self.records)
@@ -147,6 +149,30 @@ def test_three_nodes_elect_a_leader_and_commit_proposals(tmp_path: Path) -> None
             assert err.value.leader_id == leader.config.node_id
             with pytest.raises(NotLeader):
                 await follower.read_barrier()
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_concurrent_proposals_each_learn_the_offset_of_their_last_record(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        try:
+            for node_id in (1, 2, 3):
+                await cluster.start(node_id)
+            leader = await cluster.leader()
+            proposals = [[b"p%d-%d" % (i, j) for j in range(i % 3 + 1)] for i in range(300)]
+            offsets = await asyncio.gather(*(leader.propose(p) for p in proposals))
+            applied = cluster.machines[leader.config.node_id].offsets
+            for records, last in zip(proposals, offsets, strict=True):
+                first = last - len(records) + 1
+                assert [applied[o] for o in range(first, last + 1)] == records
+            assert len(set(offsets)) == len(offsets)
+            with pytest.raises(ValueError):
+                await leader.propose([])
         finally:
             await cluster.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,58 @@ def test_the_log_store_truncates_and_restarts(tmp_path: Path) -> None:
     store.apply(LogWrite(batches=(batch(100, 1, 3),)))
     assert store.read(100, 1 << 20) == (batch(100, 1, 3),)
     store.close()
+
+
+def _random_writes(rng: random.Random, steps: int) -> list[tuple[str, LogWrite | int]]:
+    """Appends, truncations (also inside a batch), restarts and deletions, as a core might
+    ask for them; the end offset is tracked so appends stay contiguous."""
+    end, epoch, start, ops = 0, 1, 0, []
+    for _ in range(steps):
+        kind = rng.choices(["append", "truncate", "restart", "delete"], [8, 2, 1, 1])[0]
+        if kind == "truncate" and end > start:
+            end = rng.randrange(start, end + 1)
+            epoch += 1
+            ops.append(("write", LogWrite(truncate_to=end)))
+        elif kind == "restart":
+            end = start = end + rng.randrange(0, 5)
+            ops.append(("write", LogWrite(restart_at=end)))
+        elif kind == "delete" and end > start:
+            start = rng.randrange(start, end + 1)
+            ops.append(("delete", start))
+        else:
+            batches = []
+            for _ in range(rng.randint(1, 3)):
+                count = rng.randint(1, 4)
+                batches.append(batch(end, count, epoch))
+                end += count
+            ops.append(("write", LogWrite(batches=tuple(batches))))
+    return ops
+
+
+@pytest.mark.parametrize("cache_bytes", [64, 1 << 20])
+def test_reads_from_the_tail_cache_equal_reads_decoded_from_the_log(
+    tmp_path: Path, cache_bytes: int
+) -> None:
+    cached = RaftLogStore(tmp_path / "cached", tail_cache_bytes=cache_bytes)
+    plain = RaftLogStore(tmp_path / "plain", tail_cache_bytes=0)
+    rng = random.Random(7)
+    try:
+        for op, arg in _random_writes(rng, 80):
+            for store in (cached, plain):
+                if isinstance(arg, LogWrite):
+                    store.apply(arg)
+                else:
+                    store.delete_before(arg)
+            log = plain.log
+            assert cached.log.log_end_offset == log.log_end_offset, op
+            for offset in range(log.log_start_offset, log.log_end_offset):
+                assert cached.read(offset, 1) == plain.read(offset, 1), (op, offset)
+                assert cached.read(offset, 1 << 20) == plain.read(offset, 1 << 20), (op, offset)
+    finally:
+        cached.close()
+        plain.close()
+
+
+def test_a_negative_tail_cache_budget_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tail_cache_bytes"):
+        RaftLogStore(tmp_path, tail_cache_bytes=-1)
