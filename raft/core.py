@@ -246,8 +246,11 @@ class RaftCore:
         self._out = _Out()
         self._role: _Role = _Role(UNATTACHED)
         self._seen_leader = (state.epoch, NO_LEADER)
+        self._leader_heard_ms = -_NEVER  # when our current leader last answered us
         self._start_role(state)
         self._out = _Out()  # the start-up role change is not an event to report
+        if isinstance(self._role, _Follower):
+            self._role.fetch_resend_ms = now_ms  # the start-up Fetch was just dropped
 
     # -- read-only view --------------------------------------------------------------------
     @property
@@ -484,6 +487,8 @@ class RaftCore:
 
     def _become_follower(self, epoch: int, leader_id: int) -> None:
         state = self._quorum
+        if (epoch, leader_id) != (state.epoch, state.leader_id):
+            self._leader_heard_ms = -_NEVER
         voted_for = state.voted_for if state.epoch == epoch else NO_LEADER
         self._persist(QuorumState(epoch, voted_for, leader_id))
         name = FOLLOWER if self.is_voter else OBSERVER
@@ -745,7 +750,9 @@ class RaftCore:
 
     # -- followers and observers -----------------------------------------------------------
     def _send_fetch(self, role: _Follower, max_wait_ms: int | None = None) -> None:
-        role.fetch_resend_ms = self._now + self.config.request_timeout_ms
+        # A reply is due within the long poll's wait; resend once twice that has passed,
+        # which is still before the fetch timeout (the config checks it exceeds both).
+        role.fetch_resend_ms = self._now + 2 * self.config.fetch_max_wait_ms
         if role.snapshot is not None:
             self._send(
                 role.leader_id,
@@ -820,6 +827,7 @@ class RaftCore:
     def _heard_from_leader(self, role: _Follower) -> None:
         role.deadline_ms = self._now + self.config.fetch_timeout_ms
         role.leader_unreachable = False
+        self._leader_heard_ms = self._now
 
     def _truncate_diverged(self, diverging: DivergingEpoch) -> None:
         """Kafka's truncateToEndOffset: cut where our log and the leader's agree, never
@@ -910,10 +918,13 @@ class RaftCore:
             return False
         if (
             isinstance(role, _Follower)
-            and self._now < role.deadline_ms
+            and self._now - self._leader_heard_ms < self.config.fetch_timeout_ms
             and not role.leader_unreachable
         ):
-            return False  # our leader is alive: no reason to elect another
+            # Our leader answered within the fetch timeout: no reason to elect another. What
+            # counts is an answer, not our deadline: a voter that went back to following
+            # after a failed pre-vote has a fresh deadline but no news of the leader.
+            return False
         return self._log_up_to_date(request.last_epoch, request.last_epoch_end_offset)
 
     def _on_vote_response(self, source: int, response: VoteResponse) -> None:
@@ -944,6 +955,8 @@ class RaftCore:
     def _on_begin_quorum_epoch(self, source: int, request: BeginQuorumEpochRequest) -> None:
         if request.epoch == self.epoch and self._quorum.leader_id == NO_LEADER:
             self._become_follower(request.epoch, request.leader_id)
+            if source == request.leader_id:
+                self._leader_heard_ms = self._now
         self._send(source, BeginQuorumEpochResponse(self.epoch))
 
     def _on_begin_quorum_epoch_response(
