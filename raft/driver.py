@@ -250,6 +250,8 @@ class RaftNode:
 
     async def _apply(self, ready: Ready) -> None:
         """Carry out one Ready in the documented order."""
+        for event in ready.events:  # role changes: rare, and what an operator asks about
+            _log.info("raft %d: %s", self.config.node_id, event)
         if ready.quorum_state is not None:
             await asyncio.to_thread(self._quorum_store.save, ready.quorum_state)
         if ready.log_write is not None:

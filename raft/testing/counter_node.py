@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--fetch-timeout-ms", type=int, default=2000)
     parser.add_argument("--snapshot-every", type=int, default=10_000)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     uvloop.run(serve(parser.parse_args()))  # asyncio's own loop costs a quarter more CPU
 
 
