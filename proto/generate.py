@@ -1,6 +1,6 @@
 """Regenerate, or check, the committed Python code for the ``.proto`` files in this package.
 
-    python -m proto.generate          # rewrite proto/raft_pb2.py, .pyi and _grpc.py
+    python -m proto.generate          # rewrite proto/<name>_pb2.py, .pyi (and _grpc.py)
     python -m proto.generate --check  # exit 1 if the committed files differ from a fresh run
 
 How this works: ``grpc_tools.protoc`` runs with the repository root as its include path on
@@ -26,13 +26,21 @@ from pathlib import Path
 GRPC_TOOLS_VERSION = "1.85.1"
 PROTO_DIR = Path(__file__).resolve().parent
 REPO = PROTO_DIR.parent
-SOURCES = ("raft.proto",)
+SOURCES = ("raft.proto", "metadata.proto")
 MAX_DIFF_LINES = 40
 
 
+def has_service(source: str) -> bool:
+    text = (PROTO_DIR / source).read_text()
+    return any(line.startswith("service ") for line in text.splitlines())
+
+
 def generated_names(source: str) -> tuple[str, ...]:
+    """The committed files for ``source``: messages, their stubs, and gRPC code if it
+    defines a service."""
     stem = Path(source).stem
-    return (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py")
+    messages = (f"{stem}_pb2.py", f"{stem}_pb2.pyi")
+    return (*messages, f"{stem}_pb2_grpc.py") if has_service(source) else messages
 
 
 def generate(out_root: Path) -> dict[str, bytes]:
@@ -55,7 +63,8 @@ def generate(out_root: Path) -> dict[str, bytes]:
     for source in SOURCES:
         for name in generated_names(source):
             files[name] = (out_root / PROTO_DIR.name / name).read_bytes()
-        _check_package_import(source, files[generated_names(source)[2]])
+        if has_service(source):
+            _check_package_import(source, files[generated_names(source)[2]])
     return files
 
 
