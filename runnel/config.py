@@ -1,0 +1,441 @@
+"""A node's configuration: one typed, frozen model, read from TOML and ``RUNNEL_*`` variables.
+
+How this works. ``load_config(path, env)`` reads the TOML file (if any), lays the ``RUNNEL_*``
+variables of ``env`` over it, turns each value into its field's type and builds the model:
+``NodeConfig`` holds the top-level keys and one object per section. The sections reuse the
+dataclasses of the layers they configure, so their own validation runs:
+
+    [raft]            raft.core.RaftConfig            timeouts and limits of the metadata quorum
+    [raft_transport]  raft.transport.TransportConfig  the gRPC transport between controllers
+    [log]             storage.config.LogConfig        defaults for every topic's partition logs
+    [controller]      ControllerConfig                what the active controller decides with
+    [broker]          BrokerConfig                    a broker's side of its lifecycle
+
+``NodeConfig`` then checks what ties settings together (listeners, voters, heartbeat against
+session timeout, the transport's message size against Raft's batches). Every problem found is
+collected, naming its key and where the value came from, and raised as one ``ConfigError``.
+The generic machinery (sources, coercion, rendering) is ``runnel/config_parse.py``; a complete
+example with every key is ``config/example.toml``.
+
+Environment variables: ``RUNNEL_<KEY>`` sets a top-level key (``RUNNEL_NODE_ID=3``) and
+``RUNNEL_<SECTION>__<KEY>``, with two underscores, a section's key
+(``RUNNEL_RAFT__ELECTION_TIMEOUT_MS=1500``). Their values are text: integers, ``true`` or
+``false``, lists separated by commas (``RUNNEL_DATA_DIRS=/d1,/d2``), ``none`` or nothing for
+"not set" where a key may be unset, and -1 for "no limit" where Kafka uses it (also in the
+file). A variable beats the file. Any other ``RUNNEL_*`` variable is an error, since a misspelt
+override must not be ignored silently, except the test tools' own (``NOT_CONFIG_ENV``).
+Relative ``data_dirs`` are relative to the working directory, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, NamedTuple, get_type_hints
+
+from raft.core import RaftConfig
+from raft.transport import TransportConfig
+from raft.voters import parse_quorum_voters
+from runnel.config_parse import (
+    TOP,
+    ConfigError,
+    Problem,
+    build,
+    coerce_all,
+    dotted,
+    env_name,
+    overlay,
+    plain,
+    read_env,
+    read_toml,
+    toml_line,
+    unknown_keys,
+)
+from storage.config import LogConfig
+
+__all__ = [
+    "NOT_CONFIG_ENV",
+    "SECTIONS",
+    "BrokerConfig",
+    "ConfigError",
+    "ControllerConfig",
+    "Listener",
+    "NodeConfig",
+    "Problem",
+    "Role",
+    "load_config",
+    "schema",
+]
+
+MIB = 1024 * 1024
+# RUNNEL_* variables that belong to test tools, not to a node's configuration.
+NOT_CONFIG_ENV = frozenset({"RUNNEL_CRASH_SEED", "RUNNEL_REWRITE_SCENARIOS"})
+_LISTENER = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):(\d+)$")
+_EVERY_INTERFACE = frozenset({"", "0.0.0.0", "[::]"})
+
+
+class Role(StrEnum):
+    BROKER = "broker"
+    CONTROLLER = "controller"
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A named address, ``NAME://host:port``. An empty host, 0.0.0.0 or [::] binds every
+    interface (and then needs an advertised address, except the controller listener)."""
+
+    name: str
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"listener {self}: port {self.port} is out of range 1-65535")
+
+    @classmethod
+    def parse(cls, text: str) -> Listener:
+        match = _LISTENER.match(text.strip())
+        if match is None:
+            raise ValueError(f"listener {text!r} is not NAME://host:port")
+        return cls(match[1], match[2], int(match[3]))
+
+    def __str__(self) -> str:
+        return f"{self.name}://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def binds_every_interface(self) -> bool:
+        return self.host in _EVERY_INTERFACE
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """What the active controller decides with; KRaft's defaults, units in the names."""
+
+    broker_session_timeout_ms: int = 9000  # a broker without a heartbeat this long is fenced
+    metadata_snapshot_bytes: int = 20 * MIB  # snapshot the image after this much new log...
+    metadata_snapshot_interval_ms: int = 60 * 60 * 1000  # ...or this long after the last one
+    metadata_max_idle_interval_ms: int = 500  # a NoOp record when the log was idle this long
+    unclean_leader_election_enable: bool = False  # elect an out-of-sync replica: loses data
+    default_replication_factor: int = 1  # for a topic created without one
+    num_partitions: int = 1  # for a topic created without a count
+    auto_leader_rebalance_enable: bool = True  # move leadership back to preferred replicas
+    leader_imbalance_check_interval_s: int = 300
+    leader_imbalance_per_broker_percentage: int = 10  # rebalance a broker above this
+
+    def __post_init__(self) -> None:
+        _flags(self, "unclean_leader_election_enable", "auto_leader_rebalance_enable")
+        _at_least(
+            self,
+            1,
+            "broker_session_timeout_ms",
+            "metadata_snapshot_bytes",
+            "metadata_snapshot_interval_ms",
+            "metadata_max_idle_interval_ms",
+            "default_replication_factor",
+            "num_partitions",
+            "leader_imbalance_check_interval_s",
+        )
+        _at_least(self, 0, "leader_imbalance_per_broker_percentage")
+        if self.leader_imbalance_per_broker_percentage > 100:
+            raise ValueError("leader_imbalance_per_broker_percentage must be at most 100")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """A broker's side of its lifecycle (the rest of a broker's settings come later)."""
+
+    heartbeat_interval_ms: int = 2000  # below controller.broker_session_timeout_ms
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "heartbeat_interval_ms")
+
+
+def _at_least(config: object, minimum: int, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def _flags(config: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
+
+
+SECTIONS: dict[str, type[Any]] = {
+    "raft": RaftConfig,
+    "raft_transport": TransportConfig,
+    "log": LogConfig,
+    "controller": ControllerConfig,
+    "broker": BrokerConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything one node runs with. Constructing it checks the relations between settings
+    and raises ConfigError; ``origins`` maps a dotted key to where its value came from."""
+
+    node_id: int
+    process_roles: frozenset[Role]
+    listeners: tuple[Listener, ...]  # NAME://host:port, one name each
+    data_dirs: tuple[Path, ...]  # the first holds the metadata log
+    controller_quorum_voters: str  # "1@host:port,2@host:port,..."
+    advertised_listeners: tuple[Listener, ...] = ()  # what clients dial, by listener name
+    controller_listener_name: str = "CONTROLLER"
+    rack: str | None = None
+    metrics_port: int | None = None  # Prometheus over HTTP; none: no endpoint
+    raft: RaftConfig = field(default_factory=RaftConfig)
+    raft_transport: TransportConfig = field(default_factory=TransportConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems = [self._problem(f.keys, f.message) for f in _findings(self)]
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def metadata_log_dir(self) -> Path:
+        return self.data_dirs[0]
+
+    def quorum_voters(self) -> dict[int, str]:
+        """Voter id -> ``host:port`` of the controllers."""
+        return parse_quorum_voters(self.controller_quorum_voters)
+
+    def listener(self, name: str) -> Listener | None:
+        return next((item for item in self.listeners if item.name == name), None)
+
+    def advertised(self, name: str) -> Listener | None:
+        """The address clients should dial for listener ``name``."""
+        given = next((item for item in self.advertised_listeners if item.name == name), None)
+        return given or self.listener(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective values as plain data (sections as nested dicts), e.g. for JSON."""
+        out: dict[str, Any] = {}
+        for section, key, value, _ in self._settings():
+            (out.setdefault(section, {}) if section else out)[key] = plain(value)
+        return out
+
+    def describe(self) -> str:
+        """The effective values as TOML that loads again; a comment names where each value
+        that is not a default came from."""
+        lines = ["# runnel node configuration: effective values"]
+        current = TOP
+        for section, key, value, default in self._settings():
+            if section != current:
+                lines += ["", f"[{section}]"]
+                current = section
+            source = self.origins.get(dotted(section, key))
+            lines.append(toml_line(key, value, source, unset_by_minus_one=default is not None))
+        return "\n".join(lines) + "\n"
+
+    def _settings(self) -> Iterator[tuple[str, str, object, object]]:
+        """(section, key, value, default) of every setting, top-level keys first."""
+        for f in fields(self):
+            if f.name not in SECTIONS and f.name != "origins":
+                yield TOP, f.name, getattr(self, f.name), f.default
+        for section in SECTIONS:
+            config = getattr(self, section)
+            for f in fields(config):
+                yield section, f.name, getattr(config, f.name), f.default
+
+    def _problem(self, keys: tuple[str, ...], message: str) -> Problem:
+        """Blame the first of ``keys`` that was set (a relation is broken by what was set)."""
+        key = next((k for k in keys if k in self.origins), keys[0])
+        source = self.origins.get(key) or ("" if key in REQUIRED else "default")
+        return Problem(key, source, message)
+
+
+REQUIRED = frozenset(
+    f.name for f in fields(NodeConfig) if f.default is MISSING and f.default_factory is MISSING
+)
+
+# -- relations between settings ----------------------------------------------------------------
+
+
+class Finding(NamedTuple):
+    message: str
+    keys: tuple[str, ...]  # the keys involved, the likeliest culprit first
+
+
+def _finding(message: str, *keys: str) -> Finding:
+    return Finding(message, keys)
+
+
+def _findings(config: NodeConfig) -> Iterator[Finding]:
+    yield from _identity_findings(config)
+    yield from _listener_findings(config)
+    yield from _role_findings(config)
+    yield from _voter_findings(config)
+    yield from _limit_findings(config)
+
+
+def _identity_findings(c: NodeConfig) -> Iterator[Finding]:
+    if c.node_id < 0:
+        yield _finding(f"must be at least 0, got {c.node_id}", "node_id")
+    if not c.process_roles:
+        yield _finding("names no role; give controller, broker or both", "process_roles")
+    if not c.data_dirs:
+        yield _finding("names no directory; give one (it holds the metadata log)", "data_dirs")
+    dirs = Counter(os.path.normpath(path.absolute()) for path in c.data_dirs)
+    for path, count in dirs.items():
+        if count > 1:
+            yield _finding(f"names {path} more than once", "data_dirs")
+    if c.rack is not None and not c.rack.strip():
+        yield _finding("is empty; leave it unset instead", "rack")
+    if c.metrics_port is not None and not 0 < c.metrics_port < 65536:
+        yield _finding(f"port {c.metrics_port} is out of range 1-65535", "metrics_port")
+    if c.metrics_port in {item.port for item in c.listeners}:
+        yield _finding(f"port {c.metrics_port} is already used by a listener", "metrics_port")
+
+
+def _listener_findings(c: NodeConfig) -> Iterator[Finding]:
+    for key in ("listeners", "advertised_listeners"):
+        names = Counter(item.name for item in getattr(c, key))
+        for name, count in names.items():
+            if count > 1:
+                yield _finding(f"names listener {name} {count} times", key)
+    ports = Counter(item.port for item in c.listeners)
+    for port, count in ports.items():
+        if count > 1:
+            yield _finding(f"{count} listeners share port {port}", "listeners")
+    known = ", ".join(item.name for item in c.listeners)
+    for item in c.advertised_listeners:
+        if c.listener(item.name) is None:
+            message = f"{item.name} is not among listeners ({known})"
+            yield _finding(message, "advertised_listeners")
+        if item.binds_every_interface:
+            yield _finding(f"{item} is not an address anyone can dial", "advertised_listeners")
+    for item in c.listeners:
+        exempt = item.name == c.controller_listener_name  # controllers are dialled as voters
+        if c.advertised(item.name) is item and item.binds_every_interface and not exempt:
+            message = (
+                f"{item} binds every interface; give the address clients dial as an "
+                f"advertised listener {item.name}://host:{item.port}"
+            )
+            yield _finding(message, "advertised_listeners", "listeners")
+
+
+def _role_findings(c: NodeConfig) -> Iterator[Finding]:
+    name = c.controller_listener_name
+    known = ", ".join(item.name for item in c.listeners) or "none"
+    if Role.CONTROLLER in c.process_roles and c.listener(name) is None:
+        message = f"{name!r} is not among listeners ({known}); a controller listens on it"
+        yield _finding(message, "controller_listener_name", "listeners")
+    if Role.BROKER in c.process_roles and all(item.name == name for item in c.listeners):
+        yield _finding(f"a broker needs a listener for clients besides {name}", "listeners")
+    if c.process_roles == {Role.BROKER} and c.listener(name) is not None:
+        message = f"a broker-only node must not listen on the controller listener {name}"
+        yield _finding(message, "listeners", "controller_listener_name")
+
+
+def _voter_findings(c: NodeConfig) -> Iterator[Finding]:
+    key = "controller_quorum_voters"
+    if c.node_id < 0 or not c.process_roles:
+        return  # reported already; comparing with the voters would only repeat it
+    if not c.controller_quorum_voters.strip():
+        yield _finding("is empty; give the controllers as id@host:port,...", key)
+        return
+    try:
+        voters = c.quorum_voters()
+    except ValueError as e:
+        yield _finding(str(e).removeprefix(f"{key} "), key)
+        return
+    own = voters.get(c.node_id)
+    if Role.CONTROLLER not in c.process_roles:
+        if own is not None:
+            message = f"node {c.node_id} is a voter in {key} but not a controller"
+            yield _finding(message, "node_id", key, "process_roles")
+        return
+    if own is None:
+        message = f"does not name this controller, node {c.node_id} (it names {sorted(voters)})"
+        yield _finding(message, key, "node_id")
+        return
+    listener = c.listener(c.controller_listener_name)
+    if listener is not None and not _same_address(own, listener):
+        message = f"gives node {c.node_id} the address {own}, but its listener is {listener}"
+        yield _finding(message, key, "listeners")
+
+
+def _same_address(voter: str, listener: Listener) -> bool:
+    host, _, port = voter.rpartition(":")
+    if int(port) != listener.port:
+        return False
+    return listener.binds_every_interface or host.lower() == listener.host.lower()
+
+
+def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
+    heartbeat, session = c.broker.heartbeat_interval_ms, c.controller.broker_session_timeout_ms
+    if heartbeat >= session:
+        message = (
+            f"heartbeat_interval_ms ({heartbeat}) must be below "
+            f"controller.broker_session_timeout_ms ({session}), or live brokers get fenced"
+        )
+        yield _finding(
+            message, "broker.heartbeat_interval_ms", "controller.broker_session_timeout_ms"
+        )
+    largest = max(c.raft.fetch_max_bytes, c.raft.max_batch_bytes, c.raft.snapshot_chunk_bytes)
+    try:
+        c.raft_transport.check_fits(largest)
+    except ValueError as e:
+        keys = ("raft.fetch_max_bytes", "raft.max_batch_bytes", "raft.snapshot_chunk_bytes")
+        yield _finding(str(e), "raft_transport.max_message_bytes", *keys)
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def schema() -> dict[str, dict[str, Any]]:
+    """Section (``""`` for the top level) -> key -> type hint: every key a node knows."""
+    hints = get_type_hints(NodeConfig)
+    top = {key: hint for key, hint in hints.items() if key not in SECTIONS and key != "origins"}
+    return {TOP: top} | {name: get_type_hints(cls) for name, cls in SECTIONS.items()}
+
+
+def load_config(path: Path | None, env: Mapping[str, str]) -> NodeConfig:
+    """The node's configuration from the TOML file at ``path`` (if any) with the ``RUNNEL_*``
+    variables of ``env`` over it; raises ConfigError listing every problem found."""
+    layer = read_env(env, NOT_CONFIG_ENV)
+    if path is not None:
+        layer = overlay(read_toml(path), layer)
+    keys = schema()
+    problems = unknown_keys(layer, keys)
+    origins = {
+        dotted(section, key): setting.source
+        for section, settings in layer.items()
+        for key, setting in settings.items()
+        if key in keys.get(section, {})
+    }
+    values: dict[str, Any] = coerce_all(TOP, layer.get(TOP, {}), keys[TOP], problems)
+    for section, cls in SECTIONS.items():
+        given = coerce_all(section, layer.get(section, {}), keys[section], problems)
+        sources = {key: origins[dotted(section, key)] for key in given}
+        values[section] = build(cls, list(keys[section]), section, given, sources, problems)
+    for key in sorted(REQUIRED - values.keys() - layer[TOP].keys()):
+        message = f"is required: set it in the file or as {env_name(TOP, key)}"
+        problems.append(Problem(key, "", message))
+    if not values.keys() >= REQUIRED:
+        raise ConfigError(problems)
+    try:
+        config = NodeConfig(**values, origins=origins)
+    except ConfigError as e:
+        raise ConfigError([*problems, *e.problems]) from None
+    if problems:
+        raise ConfigError(problems)
+    return config
