@@ -31,7 +31,7 @@ class Outcome(Generic[R]):
 class DecisionError(Exception):
     """The whole request is refused: ``code`` is a ``controller_pb2.ErrorCode`` value."""
 
-    def __init__(self, code: cpb.ErrorCode.ValueType, message: str) -> None:
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
