@@ -67,11 +67,17 @@ class RaftNodeConfig:
     data_dir: Path
     raft: RaftConfig = field(default_factory=RaftConfig)
     snapshot_interval_records: int = 10_000  # snapshot after this many applied records
+    snapshot_interval_bytes: int = 2**62  # ... or after this many bytes of applied records
     max_pending_proposals: int = 10_000  # proposals awaiting commit before propose waits
 
     def __post_init__(self) -> None:
-        if self.snapshot_interval_records < 1 or self.max_pending_proposals < 1:
-            raise ValueError("snapshot_interval_records and max_pending_proposals must be >= 1")
+        for name in (
+            "snapshot_interval_records",
+            "snapshot_interval_bytes",
+            "max_pending_proposals",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def _now_ms() -> int:
@@ -102,6 +108,7 @@ class RaftNode:
         self._applied_end = 0
         self._applied_epoch = 0
         self._since_snapshot = 0
+        self._since_snapshot_bytes = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._core = self._restore()
@@ -156,6 +163,11 @@ class RaftNode:
         return self._core.leader_id
 
     @property
+    def applied_end(self) -> int:
+        """Every committed record below this offset has been handed to the state machine."""
+        return self._applied_end
+
+    @property
     def high_watermark(self) -> int:
         return self._core.high_watermark
 
@@ -165,17 +177,24 @@ class RaftNode:
 
     async def propose(self, records: Sequence[bytes]) -> int:
         """Append records through the leader; returns the last record's offset once it is
-        committed. Raises NotLeader (with the leader's id and epoch) elsewhere."""
+        committed. Raises NotLeader (with the leader's id and epoch) elsewhere. Waits while
+        ``max_pending_proposals`` proposals are outstanding."""
+        async with self._slots:
+            return await self.submit(records)
+
+    def submit(self, records: Sequence[bytes]) -> asyncio.Future[int]:
+        """Queue records at once, in call order, without waiting for a slot: the caller
+        bounds what it has outstanding. The future gives the last record's offset once it is
+        committed, or NotLeader. Raises NotLeader at once on a node that does not lead."""
         if not records:
             raise ValueError("a proposal needs at least one record")
-        async with self._slots:
-            if self._core.role != "leader":
-                raise NotLeader(self._core.leader_id, self._core.epoch)
-            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._proposals.append((records, future))
-            if len(self._proposals) == 1:
-                self._wake()
-            return await future
+        if self._core.role != "leader":
+            raise NotLeader(self._core.leader_id, self._core.epoch)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._proposals.append((records, future))
+        if len(self._proposals) == 1:
+            self._wake()
+        return future
 
     async def read_barrier(self, timeout_s: float = 10.0) -> None:
         """Linearizable reads: on the leader, wait until its HW covers its epoch's start and
@@ -296,7 +315,7 @@ class RaftNode:
         await asyncio.to_thread(self._snapshots.finish, snapshot)
         self._machine.restore(self._snapshots.load(snapshot))
         self._applied_end, self._applied_epoch = snapshot.end_offset, snapshot.epoch
-        self._since_snapshot = 0
+        self._since_snapshot = self._since_snapshot_bytes = 0
 
     async def _commit(self, commit_offset: int) -> None:
         self._log.set_high_watermark(commit_offset)
@@ -311,20 +330,24 @@ class RaftNode:
                     for i, record in enumerate(decode_records(batch.data)):
                         self._machine.apply(batch.base_offset + i, record)
                         self._since_snapshot += 1
+                        self._since_snapshot_bytes += len(record)
                 self._applied_end, self._applied_epoch = batch.next_offset, batch.epoch
         pending = self._pending
         while pending and pending[0][0] < commit_offset:
             offset, future = pending.popleft()
             if not future.done():
                 future.set_result(offset)
-        if self._since_snapshot >= self.config.snapshot_interval_records:
+        if (
+            self._since_snapshot >= self.config.snapshot_interval_records
+            or self._since_snapshot_bytes >= self.config.snapshot_interval_bytes
+        ):
             await self._take_snapshot()
 
     async def _take_snapshot(self) -> None:
         snapshot = SnapshotId(self._applied_end, self._applied_epoch)
         data = self._machine.snapshot()
         await asyncio.to_thread(self._snapshots.save, snapshot, data)
-        self._since_snapshot = 0
+        self._since_snapshot = self._since_snapshot_bytes = 0
         await self._apply(self._core.snapshot_taken(snapshot, _now_ms()))
 
     def _fail_pending(self) -> None:

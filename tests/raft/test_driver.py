@@ -72,9 +72,15 @@ class HubTransport:
 
 class Cluster:
     def __init__(
-        self, root: Path, voters: int = 3, snapshot_every: int = 10_000, raft: RaftConfig = FAST
+        self,
+        root: Path,
+        voters: int = 3,
+        snapshot_every: int = 10_000,
+        raft: RaftConfig = FAST,
+        snapshot_bytes: int = 2**62,
     ) -> None:
         self.root, self.hub, self.raft = root, Hub(), raft
+        self.snapshot_bytes = snapshot_bytes
         self.voters = frozenset(range(1, voters + 1))
         self.snapshot_every = snapshot_every
         self.nodes: dict[int, RaftNode] = {}
@@ -88,6 +94,7 @@ class Cluster:
             self.root / f"node-{node_id}",
             self.raft,
             snapshot_interval_records=self.snapshot_every,
+            snapshot_interval_bytes=self.snapshot_bytes,
         )
         node = RaftNode(config, self.hub.transport(node_id), machine)
         await node.start()
@@ -229,6 +236,23 @@ def test_failover_restart_and_catch_up_through_a_snapshot(tmp_path: Path) -> Non
             await cluster.start(victim)
             await cluster.converge(expected)
             assert list((tmp_path / f"node-{victim}" / "snapshots").glob("*.checkpoint"))
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_a_snapshot_is_taken_after_a_number_of_applied_bytes(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, voters=1, snapshot_bytes=1000)
+        try:
+            leader = await cluster.start(1)
+            await cluster.leader()
+            directory = tmp_path / "node-1" / "snapshots"
+            await leader.propose([b"x" * 400, b"y" * 400])
+            assert not list(directory.glob("*.checkpoint"))  # 800 bytes: not yet
+            await leader.propose([b"z" * 300])
+            assert list(directory.glob("*.checkpoint"))
         finally:
             await cluster.close()
 
