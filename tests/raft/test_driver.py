@@ -252,7 +252,9 @@ def test_a_snapshot_is_taken_after_a_number_of_applied_bytes(tmp_path: Path) -> 
             await leader.propose([b"x" * 400, b"y" * 400])
             assert not list(directory.glob("*.checkpoint"))  # 800 bytes: not yet
             await leader.propose([b"z" * 300])
-            assert list(directory.glob("*.checkpoint"))
+            async with asyncio.timeout(10):  # taken right after the commit that crossed it
+                while not list(directory.glob("*.checkpoint")):
+                    await asyncio.sleep(0.01)
         finally:
             await cluster.close()
 
