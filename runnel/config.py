@@ -38,6 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
+from controller.config import ControllerConfig, at_least, flags
 from raft.core import RaftConfig
 from raft.transport import TransportConfig
 from raft.voters import parse_quorum_voters
@@ -117,39 +118,6 @@ class Listener:
 
 
 @dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    """What the active controller decides with; KRaft's defaults, units in the names."""
-
-    broker_session_timeout_ms: int = 9000  # a broker without a heartbeat this long is fenced
-    metadata_snapshot_bytes: int = 20 * MIB  # snapshot the image after this much new log...
-    metadata_snapshot_interval_ms: int = 60 * 60 * 1000  # ...or this long after the last one
-    metadata_max_idle_interval_ms: int = 500  # a NoOp record when the log was idle this long
-    unclean_leader_election_enable: bool = False  # elect an out-of-sync replica: loses data
-    default_replication_factor: int = 1  # for a topic created without one
-    num_partitions: int = 1  # for a topic created without a count
-    auto_leader_rebalance_enable: bool = True  # move leadership back to preferred replicas
-    leader_imbalance_check_interval_s: int = 300
-    leader_imbalance_per_broker_percentage: int = 10  # rebalance a broker above this
-
-    def __post_init__(self) -> None:
-        _flags(self, "unclean_leader_election_enable", "auto_leader_rebalance_enable")
-        _at_least(
-            self,
-            1,
-            "broker_session_timeout_ms",
-            "metadata_snapshot_bytes",
-            "metadata_snapshot_interval_ms",
-            "metadata_max_idle_interval_ms",
-            "default_replication_factor",
-            "num_partitions",
-            "leader_imbalance_check_interval_s",
-        )
-        _at_least(self, 0, "leader_imbalance_per_broker_percentage")
-        if self.leader_imbalance_per_broker_percentage > 100:
-            raise ValueError("leader_imbalance_per_broker_percentage must be at most 100")
-
-
-@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """A broker's side of its lifecycle (the rest of a broker's settings come later)."""
 
@@ -159,19 +127,8 @@ class BrokerConfig:
         _at_least(self, 1, "heartbeat_interval_ms")
 
 
-def _at_least(config: object, minimum: int, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        if value < minimum:
-            raise ValueError(f"{name} must be at least {minimum}, got {value}")
-
-
-def _flags(config: object, *names: str) -> None:
-    for name in names:
-        if not isinstance(getattr(config, name), bool):
-            raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
+_at_least = at_least
+_flags = flags
 
 
 SECTIONS: dict[str, type[Any]] = {
