@@ -169,7 +169,7 @@ class FetchSnapshotResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ..., position: _Optional[int] = ..., size: _Optional[int] = ..., chunk: _Optional[bytes] = ..., read_position: _Optional[int] = ..., read_max_bytes: _Optional[int] = ..., missing: _Optional[bool] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("source", "destination", "vote_request", "vote_response", "begin_quorum_epoch_request", "begin_quorum_epoch_response", "end_quorum_epoch_request", "end_quorum_epoch_response", "fetch_request", "fetch_response", "fetch_snapshot_request", "fetch_snapshot_response")
+    __slots__ = ("source", "destination", "vote_request", "vote_response", "begin_quorum_epoch_request", "begin_quorum_epoch_response", "end_quorum_epoch_request", "end_quorum_epoch_response", "fetch_request", "fetch_response", "fetch_snapshot_request", "fetch_snapshot_response", "reply_to")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class Envelope(_message.Message):
     FETCH_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     FETCH_SNAPSHOT_REQUEST_FIELD_NUMBER: _ClassVar[int]
     FETCH_SNAPSHOT_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REPLY_TO_FIELD_NUMBER: _ClassVar[int]
     source: int
     destination: int
     vote_request: VoteRequest
@@ -194,7 +195,8 @@ class Envelope(_message.Message):
     fetch_response: FetchResponse
     fetch_snapshot_request: FetchSnapshotRequest
     fetch_snapshot_response: FetchSnapshotResponse
-    def __init__(self, source: _Optional[int] = ..., destination: _Optional[int] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., begin_quorum_epoch_request: _Optional[_Union[BeginQuorumEpochRequest, _Mapping]] = ..., begin_quorum_epoch_response: _Optional[_Union[BeginQuorumEpochResponse, _Mapping]] = ..., end_quorum_epoch_request: _Optional[_Union[EndQuorumEpochRequest, _Mapping]] = ..., end_quorum_epoch_response: _Optional[_Union[EndQuorumEpochResponse, _Mapping]] = ..., fetch_request: _Optional[_Union[FetchRequest, _Mapping]] = ..., fetch_response: _Optional[_Union[FetchResponse, _Mapping]] = ..., fetch_snapshot_request: _Optional[_Union[FetchSnapshotRequest, _Mapping]] = ..., fetch_snapshot_response: _Optional[_Union[FetchSnapshotResponse, _Mapping]] = ...) -> None: ...
+    reply_to: str
+    def __init__(self, source: _Optional[int] = ..., destination: _Optional[int] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., begin_quorum_epoch_request: _Optional[_Union[BeginQuorumEpochRequest, _Mapping]] = ..., begin_quorum_epoch_response: _Optional[_Union[BeginQuorumEpochResponse, _Mapping]] = ..., end_quorum_epoch_request: _Optional[_Union[EndQuorumEpochRequest, _Mapping]] = ..., end_quorum_epoch_response: _Optional[_Union[EndQuorumEpochResponse, _Mapping]] = ..., fetch_request: _Optional[_Union[FetchRequest, _Mapping]] = ..., fetch_response: _Optional[_Union[FetchResponse, _Mapping]] = ..., fetch_snapshot_request: _Optional[_Union[FetchSnapshotRequest, _Mapping]] = ..., fetch_snapshot_response: _Optional[_Union[FetchSnapshotResponse, _Mapping]] = ..., reply_to: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ()

@@ -184,8 +184,10 @@ class GrpcTransport:
         listen_address: str,
         peers: Mapping[int, str] | None = None,
         config: TransportConfig | None = None,
+        advertised_address: str | None = None,
     ) -> None:
         self.node_id = node_id
+        self._advertised_address = advertised_address
         self.config = config or TransportConfig()
         self._listen_address = listen_address
         self._peers: dict[int, _Peer] = {}
@@ -195,6 +197,8 @@ class GrpcTransport:
         self._state = _State.NEW
         self.port: int | None = None
         self.unknown_destination_drops = 0
+        self._learned: set[int] = set()  # peers known only from reply_to
+        self._services: list[Callable[[grpc.aio.Server], None]] = []
         for peer_id, address in (peers or {}).items():
             self.add_peer(peer_id, address)
 
@@ -204,8 +208,33 @@ class GrpcTransport:
         host, _, port = self._listen_address.rpartition(":")
         return f"{host}:{self.port if self.port is not None else port}"
 
+    @property
+    def advertised_address(self) -> str:
+        """Where peers send replies: ``advertised_address`` if given, else ``address``."""
+        return self._advertised_address or self.address
+
     def stats(self, peer_id: int) -> PeerStats:
         return self._peers[peer_id].stats
+
+    def learn_peer(self, node_id: int, address: str) -> None:
+        """An address a message came with (``reply_to``): used for a node not configured
+        with ``peers`` (an observer), and replaced when that node comes back elsewhere.
+        A configured peer's address is never changed by what a message says."""
+        known = self._peers.get(node_id)
+        if known is not None and (known.address == address or node_id not in self._learned):
+            return
+        if known is not None:
+            self._drop_peer(known)
+        self._learned.add(node_id)
+        log.info("node %d: node %d replies at %s", self.node_id, node_id, address)
+        self.add_peer(node_id, address)
+
+    def _drop_peer(self, peer: _Peer) -> None:
+        del self._peers[peer.node_id]
+        for task in peer.tasks:
+            task.cancel()
+        if peer.channel is not None:
+            asyncio.get_running_loop().create_task(peer.channel.close(None))
 
     def add_peer(self, node_id: int, address: str) -> None:
         known = self._peers.get(node_id)
@@ -221,6 +250,13 @@ class GrpcTransport:
     def set_receiver(self, callback: Receiver) -> None:
         self._receiver = callback
 
+    def add_service(self, register: Callable[[grpc.aio.Server], None]) -> None:
+        """Serve another gRPC service on this transport's port (the controller's API shares
+        the controller listener with Raft); ``register(server)`` runs at ``start``."""
+        if self._state is not _State.NEW:
+            raise RuntimeError("services must be added before the transport starts")
+        self._services.append(register)
+
     def set_unreachable_listener(self, callback: UnreachableListener) -> None:
         """``callback(peer_id)`` when a connection to that peer drops or a send to it is
         refused: a killed process is noticed at once, not after a timeout."""
@@ -231,6 +267,8 @@ class GrpcTransport:
             raise RuntimeError(f"transport of node {self.node_id} is already {self._state.value}")
         server = grpc.aio.server(options=self._server_options())
         raft_pb2_grpc.add_RaftServiceServicer_to_server(_Servicer(self), server)
+        for register in self._services:
+            register(server)
         try:
             port = server.add_insecure_port(self._listen_address)
         except RuntimeError as e:
@@ -256,7 +294,9 @@ class GrpcTransport:
             self.unknown_destination_drops += 1
             log.warning("node %d: no address for %s", self.node_id, _describe(envelope))
             return
-        if peer.offer(envelope_to_proto(envelope)):
+        message = envelope_to_proto(envelope)
+        message.reply_to = self.advertised_address
+        if peer.offer(message):
             level = logging.DEBUG if peer.failing or peer.overflowing else logging.WARNING
             peer.overflowing = True
             log.log(
@@ -396,6 +436,8 @@ class _Servicer(raft_pb2_grpc.RaftServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this is node {node_id}, not node {envelope.destination}",
             )
+        if request.reply_to:
+            self._transport.learn_peer(envelope.source, request.reply_to)
         self._transport._deliver(envelope)
         return pb.Ack()
 

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import grpc
+import grpc.aio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -471,5 +473,59 @@ def test_a_closed_local_node_gets_nothing_and_can_be_restarted() -> None:
         await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(3)))
         await asyncio.sleep(0)
         assert [e.payload for e in b2.received] == [m.BeginQuorumEpochResponse(3)]
+
+    run(main)
+
+
+def test_a_node_learns_an_observers_address_from_its_messages() -> None:
+    async def main() -> None:
+        async with cluster(1) as (leader,):
+            observer = Node(7)  # not in the leader's peers
+            observer.transport.add_peer(1, leader.transport.address)
+            await within(observer.transport.start())
+            try:
+                request = m.FetchRequest(1, 7, 0, 0, 0)
+                await observer.transport.send(Envelope(7, 1, request))
+                assert (await within(leader.inbox.get())).payload == request
+                reply = m.FetchResponse(1, 1, 0, 0)
+                await leader.transport.send(Envelope(1, 7, reply))
+                assert (await within(observer.inbox.get())).payload == reply
+                assert leader.transport.unknown_destination_drops == 0
+            finally:
+                await within(observer.transport.close())
+
+    run(main)
+
+
+def test_a_configured_peers_address_is_not_changed_by_what_a_message_says() -> None:
+    async def main() -> None:
+        async with cluster(2) as (a, b):
+            a.transport.learn_peer(2, "127.0.0.1:1")  # a lie: b is configured elsewhere
+            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+            assert (await within(b.inbox.get())).payload == m.BeginQuorumEpochResponse(1)
+
+    run(main)
+
+
+def test_another_service_is_served_on_the_transports_port() -> None:
+    def ping(request: bytes, context: object) -> bytes:
+        return b"pong:" + request
+
+    handler = grpc.method_handlers_generic_handler(
+        "test.Echo", {"Ping": grpc.unary_unary_rpc_method_handler(ping)}
+    )
+
+    async def main() -> None:
+        node = Node(1)
+        node.transport.add_service(lambda server: server.add_generic_rpc_handlers((handler,)))
+        await within(node.transport.start())
+        try:
+            async with grpc.aio.insecure_channel(node.transport.address) as channel:
+                call = channel.unary_unary("/test.Echo/Ping")
+                assert await within(call(b"hi")) == b"pong:hi"
+            with pytest.raises(RuntimeError):
+                node.transport.add_service(lambda server: None)
+        finally:
+            await within(node.transport.close())
 
     run(main)
