@@ -1,0 +1,328 @@
+"""Partition leadership and ISR decisions of the active controller (KIP-631, KIP-497, KIP-903).
+
+How this works. Every function here is pure: it reads a ``MetadataImage`` and returns the
+``PartitionChangeRecord``s (and broker records) that carry out a decision, or an ``Outcome``
+for a request. A change record names only the fields that change (absent: unchanged); replay
+in ``controller.image`` bumps the partition epoch on every change and the leader epoch only
+when the leader changes, so an ISR-only change never invalidates followers' fetches.
+
+A broker is *alive* when it is registered, unfenced and not in controlled shutdown; only an
+alive broker may become a leader. When a broker goes away (fenced, or entering controlled
+shutdown) it leaves every ISR it is in, except where it is the last member: Kafka keeps the
+last member so that the partition remembers which replica holds all committed data, and
+that replica is elected again when it returns (``unfence_broker``). If it led, the new leader
+is the first alive ISR member in replica order (``placement.choose_leader``); with unclean
+election enabled and no such member, an alive out-of-sync replica is chosen and the ISR
+becomes that replica alone (its log is now the truth); otherwise the partition has no leader.
+
+Requests: ``alter_partition`` is a leader proposing a new ISR, checked against the leader
+epoch, the partition epoch and each member's registration; ``elect_preferred_leaders`` moves
+leadership back to each partition's first replica; ``rebalance_leaders`` does the same for
+the periodic balancing the placement module asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from controller.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionState
+from controller.outcome import DecisionError, Outcome
+from controller.placement import choose_leader, preferred_leader_moves
+from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as pb
+
+__all__ = [
+    "ElectionResult",
+    "alive_brokers",
+    "alter_partition",
+    "elect_preferred_leaders",
+    "fence_broker",
+    "move_leaders_away",
+    "rebalance_leaders",
+    "remove_from_partitions",
+    "unfence_broker",
+]
+
+TopicRef = bytes | str  # a topic id, or a topic name
+
+
+class ElectionResult(NamedTuple):
+    """One partition's answer to a preferred-leader election (``cpb.NONE`` when elected)."""
+
+    topic: str
+    partition: int
+    error: int
+    message: str
+
+
+def alive_brokers(image: MetadataImage) -> frozenset[int]:
+    """Registered, unfenced and not in controlled shutdown: the brokers that may lead."""
+    return frozenset(
+        b for b, reg in image.brokers.items() if not reg.fenced and not reg.in_controlled_shutdown
+    )
+
+
+# -- brokers coming and going ------------------------------------------------------------------
+
+
+def fence_broker(image: MetadataImage, broker_id: int, unclean: bool) -> list[pb.MetadataRecord]:
+    """A FenceBrokerRecord and the partition changes that take ``broker_id`` out of ISRs and
+    leaderships (module doc); ``unclean`` allows electing an out-of-sync replica."""
+    reg = _registration(image, broker_id)
+    fence = pb.FenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
+    return [
+        pb.MetadataRecord(fence_broker=fence),
+        *remove_from_partitions(image, broker_id, unclean),
+    ]
+
+
+def move_leaders_away(image: MetadataImage, broker_id: int) -> list[pb.MetadataRecord]:
+    """For a controlled shutdown: every partition ``broker_id`` leads gets another leader from
+    its ISR (or none, if no other member is alive), and it leaves every ISR where others remain.
+    Never unclean: a broker shutting down cleanly is no reason to lose data."""
+    return remove_from_partitions(image, broker_id, unclean=False)
+
+
+def remove_from_partitions(
+    image: MetadataImage, broker_id: int, unclean: bool
+) -> list[pb.MetadataRecord]:
+    """The partition changes for ``broker_id`` leaving (fenced, shutting down, or a previous
+    incarnation replaced): one record per partition whose ISR or leader changes."""
+    alive = alive_brokers(image) - {broker_id}
+    records = []
+    for p in image.replicas_of(broker_id):
+        if broker_id not in p.isr:
+            continue
+        isr = p.isr if len(p.isr) == 1 else tuple(b for b in p.isr if b != broker_id)
+        leader = p.leader
+        if leader == broker_id:
+            leader, isr = _elect(p.replicas, isr, alive, unclean)
+        record = _change(p, leader, isr)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def unfence_broker(image: MetadataImage, broker_id: int) -> list[pb.MetadataRecord]:
+    """An UnfenceBrokerRecord, and a leader for every leaderless partition whose ISR holds
+    ``broker_id`` (typically the last ISR member coming back)."""
+    reg = _registration(image, broker_id)
+    unfence = pb.UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
+    records = [pb.MetadataRecord(unfence_broker=unfence)]
+    if reg.in_controlled_shutdown:
+        return records  # unfenced, but still not a broker to lead anything
+    alive = alive_brokers(image) | {broker_id}
+    for p in image.replicas_of(broker_id):
+        if p.leader == NO_LEADER and broker_id in p.isr:
+            leader, isr = _elect(p.replicas, p.isr, alive, unclean=False)
+            record = _change(p, leader, isr)
+            if record is not None:
+                records.append(record)
+    return records
+
+
+# -- AlterPartition ----------------------------------------------------------------------------
+
+
+def alter_partition(
+    image: MetadataImage, request: cpb.AlterPartitionRequest
+) -> Outcome[cpb.AlterPartitionResponse]:
+    """A leader's new ISR (KIP-497), with each member's broker epoch (KIP-903). The answer is
+    the partition as it will be once the change is committed."""
+    p = image.partition(request.topic_id, request.partition_id)
+    if p is None:
+        raise DecisionError(
+            cpb.UNKNOWN_TOPIC_OR_PARTITION,
+            f"no partition {request.partition_id} of topic id {request.topic_id.hex()}",
+        )
+    _check_leader(image, p, request)
+    new_isr = _checked_isr(image, p, request)
+    if set(new_isr) == set(p.isr):
+        return Outcome((), cpb.AlterPartitionResponse(partition=_partition_record(p)))
+    change = pb.PartitionChangeRecord(
+        topic_id=p.topic_id, partition_id=p.partition_id, isr=pb.BrokerIds(ids=new_isr)
+    )
+    after = _partition_record(p)
+    after.ClearField("isr")
+    after.isr.extend(new_isr)
+    after.partition_epoch = p.partition_epoch + 1
+    return Outcome(
+        (pb.MetadataRecord(partition_change=change),),
+        cpb.AlterPartitionResponse(partition=after),
+    )
+
+
+def _check_leader(
+    image: MetadataImage, p: PartitionState, request: cpb.AlterPartitionRequest
+) -> None:
+    """The requester must be the current registration of the current leader, at the current
+    leader and partition epochs."""
+    where = f"partition {p.partition_id} of topic id {p.topic_id.hex()}"
+    reg = image.brokers.get(request.broker_id)
+    if reg is None or reg.broker_epoch != request.broker_epoch:
+        held = "not registered" if reg is None else f"registered at epoch {reg.broker_epoch}"
+        raise DecisionError(
+            cpb.STALE_BROKER_EPOCH,
+            f"broker {request.broker_id} at epoch {request.broker_epoch} is {held}",
+        )
+    if p.leader != request.broker_id or p.leader_epoch != request.leader_epoch:
+        raise DecisionError(
+            cpb.FENCED_LEADER_EPOCH,
+            f"{where}: broker {request.broker_id} at leader epoch {request.leader_epoch} is not "
+            f"the leader (leader {p.leader} at leader epoch {p.leader_epoch})",
+        )
+    if p.partition_epoch != request.partition_epoch:
+        raise DecisionError(
+            cpb.INVALID_UPDATE_VERSION,
+            f"{where}: partition epoch {request.partition_epoch} is not the current "
+            f"{p.partition_epoch}",
+        )
+
+
+def _checked_isr(
+    image: MetadataImage, p: PartitionState, request: cpb.AlterPartitionRequest
+) -> tuple[int, ...]:
+    """The proposed ISR's broker ids, once it is well formed and every member may be in it."""
+    where = f"partition {p.partition_id} of topic id {p.topic_id.hex()}"
+    isr = tuple(m.broker_id for m in request.new_isr)
+    if not isr or len(set(isr)) != len(isr) or p.leader not in isr:
+        raise DecisionError(
+            cpb.INVALID_REQUEST,
+            f"{where}: new ISR {list(isr)} is empty, repeats a broker or leaves out the leader",
+        )
+    for member in request.new_isr:
+        why = _ineligible(image, p, member)
+        if why:
+            raise DecisionError(cpb.INELIGIBLE_REPLICA, f"{where}: broker {member.broker_id} {why}")
+    return isr
+
+
+def _ineligible(image: MetadataImage, p: PartitionState, member: cpb.IsrMember) -> str:
+    """Why ``member`` may not be in the ISR, or "" if it may."""
+    reg = image.brokers.get(member.broker_id)
+    if member.broker_id not in p.replicas:
+        return f"is not a replica (replicas {list(p.replicas)})"
+    if reg is None:
+        return "is not registered"
+    if reg.fenced:
+        return "is fenced"
+    if reg.in_controlled_shutdown:
+        return "is in controlled shutdown"
+    if reg.broker_epoch != member.broker_epoch:
+        # KIP-903: a replica that restarted (new epoch) may have lost data it acknowledged
+        # while the leader still counts fetches from its previous incarnation.
+        return f"has broker epoch {reg.broker_epoch}, not {member.broker_epoch}"
+    return ""
+
+
+# -- preferred leaders -------------------------------------------------------------------------
+
+
+def elect_preferred_leaders(
+    image: MetadataImage, partitions: Iterable[tuple[TopicRef, int]] | None
+) -> Outcome[list[ElectionResult]]:
+    """Moves leadership to each partition's first replica. ``partitions`` names topics by id
+    or by name; ``None`` means every partition, and then, as in Kafka, partitions whose
+    preferred replica already leads are left out of the answer."""
+    every = partitions is None
+    if partitions is None:
+        partitions = ((p.topic_id, p.partition_id) for p in _partition_states(image))
+    alive = alive_brokers(image)
+    records: list[pb.MetadataRecord] = []
+    results = []
+    for topic, partition_id in dict.fromkeys(partitions):  # each once, in the order asked
+        record, result = _elect_preferred(image, topic, partition_id, alive)
+        if record is not None:
+            records.append(record)
+        if not (every and result.error == cpb.ELECTION_NOT_NEEDED):
+            results.append(result)
+    return Outcome(tuple(records), results)
+
+
+def _elect_preferred(
+    image: MetadataImage, topic: TopicRef, partition_id: int, alive: frozenset[int]
+) -> tuple[pb.MetadataRecord | None, ElectionResult]:
+    topic_id = image.topic_ids.get(topic) if isinstance(topic, str) else topic
+    topic_image = None if topic_id is None else image.topics.get(topic_id)
+    name = topic_image.name if topic_image is not None else _topic_label(topic)
+    p = None if topic_image is None else topic_image.partitions.get(partition_id)
+    if p is None:
+        message = f"no partition {partition_id} of topic {name}"
+        return None, ElectionResult(name, partition_id, cpb.UNKNOWN_TOPIC_OR_PARTITION, message)
+    preferred = p.replicas[0]
+    if p.leader == preferred:
+        message = f"preferred replica {preferred} already leads"
+        return None, ElectionResult(name, partition_id, cpb.ELECTION_NOT_NEEDED, message)
+    if preferred not in alive or preferred not in p.isr:
+        state = "not alive" if preferred not in alive else "not in the ISR"
+        message = f"preferred replica {preferred} is {state}"
+        return None, ElectionResult(name, partition_id, cpb.PREFERRED_LEADER_NOT_AVAILABLE, message)
+    return _change(p, preferred, p.isr), ElectionResult(name, partition_id, cpb.NONE, "")
+
+
+def rebalance_leaders(image: MetadataImage) -> list[pb.MetadataRecord]:
+    """The periodic preferred-leader balancing: each partition whose first replica is alive
+    and in the ISR but does not lead is handed back to it (``placement``'s rule)."""
+    states = ((p, p.replicas, p.isr, p.leader) for p in _partition_states(image))
+    records = []
+    for p, preferred in preferred_leader_moves(states, alive_brokers(image)):
+        record = _change(p, preferred, p.isr)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _registration(image: MetadataImage, broker_id: int) -> BrokerRegistration:
+    reg = image.brokers.get(broker_id)
+    if reg is None:
+        raise DecisionError(cpb.BROKER_ID_NOT_REGISTERED, f"broker {broker_id} is not registered")
+    return reg
+
+
+def _elect(
+    replicas: Sequence[int], isr: tuple[int, ...], alive: frozenset[int], unclean: bool
+) -> tuple[int, tuple[int, ...]]:
+    """The leader ``choose_leader`` picks and the ISR that goes with it: an unclean leader
+    (outside the ISR) becomes the whole ISR."""
+    leader = choose_leader(replicas, isr, alive, unclean)
+    if leader != NO_LEADER and leader not in isr:
+        return leader, (leader,)
+    return leader, isr
+
+
+def _change(p: PartitionState, leader: int, isr: tuple[int, ...]) -> pb.MetadataRecord | None:
+    """A PartitionChangeRecord naming only what differs from ``p``; None if nothing does."""
+    if leader == p.leader and isr == p.isr:
+        return None
+    change = pb.PartitionChangeRecord(topic_id=p.topic_id, partition_id=p.partition_id)
+    if leader != p.leader:
+        change.leader = leader
+    if isr != p.isr:
+        change.isr.CopyFrom(pb.BrokerIds(ids=isr))
+    return pb.MetadataRecord(partition_change=change)
+
+
+def _partition_record(p: PartitionState) -> pb.PartitionRecord:
+    return pb.PartitionRecord(
+        topic_id=p.topic_id,
+        partition_id=p.partition_id,
+        replicas=p.replicas,
+        isr=p.isr,
+        leader=p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+    )
+
+
+def _partition_states(image: MetadataImage) -> Iterable[PartitionState]:
+    for topic_id in sorted(image.topics):
+        partitions = image.topics[topic_id].partitions
+        yield from (partitions[n] for n in sorted(partitions))
+
+
+def _topic_label(topic: TopicRef) -> str:
+    return topic if isinstance(topic, str) else f"(topic id {topic.hex()})"

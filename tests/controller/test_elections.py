@@ -1,0 +1,463 @@
+"""Leader elections and ISR changes: one test per rule of controller/elections.py.
+
+Images are built by replaying records, and every decision's records are replayed through
+``MetadataDelta`` too, so each test also proves that what the controller would commit
+applies cleanly. The helpers here (``cluster``, ``replay``) are shared with test_brokers.py.
+A property test drives random fences, unfences and controlled shutdowns and checks the
+invariants that leadership must keep after each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller import elections
+from controller import records as rec
+from controller.image import MetadataDelta, MetadataImage, PartitionState
+from controller.outcome import DecisionError
+from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as pb
+
+ORDERS = bytes(range(16))
+UNKNOWN = bytes(range(16, 32))
+NO_LEADER = -1
+
+PartitionSpec = tuple[Sequence[int], Sequence[int], int]  # replicas, isr, leader
+
+
+def epoch_of(broker_id: int) -> int:
+    return 100 + broker_id
+
+
+def incarnation(broker_id: int, generation: int = 0) -> bytes:
+    return bytes([broker_id, generation]) * 8
+
+
+def replay(image: MetadataImage, records: Iterable[pb.MetadataRecord]) -> MetadataImage:
+    """``image`` with ``records`` committed; every record must apply (none skipped)."""
+    delta = MetadataDelta(image)
+    for offset, record in enumerate(records, start=image.offset + 1):
+        delta.replay(record, offset)
+    assert delta.ignored_records == 0, delta.last_ignored
+    return delta.apply()
+
+
+def cluster(
+    brokers: Iterable[int] = (1, 2, 3),
+    partitions: Mapping[int, PartitionSpec] | None = None,
+    *,
+    fenced: Iterable[int] = (),
+    shutting_down: Iterable[int] = (),
+) -> MetadataImage:
+    """Brokers (epoch 100 + id, unfenced unless in ``fenced``) and topic "orders" with the
+    given partitions, all at leader and partition epoch 0."""
+    fenced = set(fenced)
+    records = [
+        rec.register_broker(
+            b, epoch_of(b), incarnation(b), [("PLAINTEXT", f"h{b}", 9092)], fenced=b in fenced
+        )
+        for b in brokers
+    ]
+    records += [
+        rec.broker_registration_change(b, epoch_of(b), in_controlled_shutdown=True)
+        for b in shutting_down
+    ]
+    records.append(rec.topic("orders", ORDERS))
+    for partition_id, (replicas, isr, leader) in (partitions or {}).items():
+        records.append(rec.partition(ORDERS, partition_id, replicas, isr, leader))
+    return replay(MetadataImage.EMPTY, records)
+
+
+def part(image: MetadataImage, partition_id: int) -> PartitionState:
+    p = image.partition(ORDERS, partition_id)
+    assert p is not None
+    return p
+
+
+def changes(records: Iterable[pb.MetadataRecord]) -> dict[int, pb.PartitionChangeRecord]:
+    """The partition changes among ``records``, by partition id (at most one each)."""
+    out = {}
+    for r in records:
+        if r.WhichOneof("record") == "partition_change":
+            assert r.partition_change.partition_id not in out
+            out[r.partition_change.partition_id] = r.partition_change
+    return out
+
+
+# -- fencing -----------------------------------------------------------------------------------
+
+
+def test_a_fenced_leader_is_replaced_by_the_first_live_isr_member() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    records = elections.fence_broker(image, 1, unclean=False)
+    assert records[0] == rec.fence_broker(1, epoch_of(1))
+    after = replay(image, records)
+    assert after.brokers[1].fenced
+    p = part(after, 0)
+    assert (p.leader, p.isr, p.leader_epoch, p.partition_epoch) == (2, (2, 3), 1, 1)
+
+
+def test_a_broker_in_controlled_shutdown_is_not_elected() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)}, shutting_down=[2])
+    after = replay(image, elections.fence_broker(image, 1, unclean=False))
+    assert part(after, 0).leader == 3
+
+
+def test_a_fenced_follower_leaves_the_isr_and_the_leader_epoch_stays() -> None:
+    image = cluster(partitions={0: ([2, 3, 1], [2, 3, 1], 2)})
+    records = elections.fence_broker(image, 3, unclean=False)
+    change = changes(records)[0]
+    assert not change.HasField("leader")
+    assert list(change.isr.ids) == [2, 1]
+    p = part(replay(image, records), 0)
+    assert (p.leader, p.isr, p.leader_epoch, p.partition_epoch) == (2, (2, 1), 0, 1)
+
+
+def test_fencing_touches_only_partitions_whose_isr_holds_the_broker() -> None:
+    image = cluster(
+        [1, 2, 3, 4],
+        {0: ([1, 2], [1, 2], 1), 1: ([2, 3], [2, 3], 2), 2: ([3, 4], [3], 3)},
+    )
+    records = elections.fence_broker(image, 4, unclean=False)
+    assert records == [rec.fence_broker(4, epoch_of(4))]
+    assert set(changes(elections.fence_broker(image, 2, unclean=False))) == {0, 1}
+
+
+def test_the_last_isr_member_stays_in_the_isr() -> None:
+    image = cluster(partitions={0: ([1, 2], [1], 1)})
+    change = changes(elections.fence_broker(image, 1, unclean=False))[0]
+    assert change.leader == NO_LEADER
+    assert not change.HasField("isr")
+    p = part(replay(image, elections.fence_broker(image, 1, unclean=False)), 0)
+    assert (p.leader, p.isr, p.leader_epoch) == (NO_LEADER, (1,), 1)
+
+
+def test_unclean_election_only_when_enabled() -> None:
+    image = cluster(partitions={0: ([1, 2], [1], 1)})
+    clean = part(replay(image, elections.fence_broker(image, 1, unclean=False)), 0)
+    assert (clean.leader, clean.isr) == (NO_LEADER, (1,))
+    unclean = part(replay(image, elections.fence_broker(image, 1, unclean=True)), 0)
+    assert (unclean.leader, unclean.isr, unclean.leader_epoch) == (2, (2,), 1)
+
+
+def test_unclean_election_is_not_used_while_an_isr_member_is_alive() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 3], 1)})
+    p = part(replay(image, elections.fence_broker(image, 1, unclean=True)), 0)
+    assert (p.leader, p.isr) == (3, (3,))
+
+
+def test_fencing_an_unregistered_broker_is_refused() -> None:
+    with pytest.raises(DecisionError) as e:
+        elections.fence_broker(cluster(), 9, unclean=False)
+    assert e.value.code == cpb.BROKER_ID_NOT_REGISTERED
+
+
+# -- unfencing ---------------------------------------------------------------------------------
+
+
+def test_the_last_isr_member_is_elected_again_when_unfenced() -> None:
+    image = cluster(partitions={0: ([1, 2], [1], 1)})
+    image = replay(image, elections.fence_broker(image, 1, unclean=False))
+    records = elections.unfence_broker(image, 1)
+    assert records[0] == rec.unfence_broker(1, epoch_of(1))
+    p = part(replay(image, records), 0)
+    assert (p.leader, p.isr, p.leader_epoch, p.partition_epoch) == (1, (1,), 2, 2)
+
+
+def test_unfencing_elects_the_broker_only_where_it_is_in_the_isr() -> None:
+    image = cluster(
+        partitions={0: ([1, 2], [1], NO_LEADER), 1: ([2, 1], [2], NO_LEADER)}, fenced=[1, 2]
+    )
+    records = elections.unfence_broker(image, 1)
+    assert set(changes(records)) == {0}
+    after = replay(image, records)
+    assert (part(after, 0).leader, part(after, 1).leader) == (1, NO_LEADER)
+
+
+def test_unfencing_a_broker_in_controlled_shutdown_elects_nothing() -> None:
+    image = cluster(partitions={0: ([1, 2], [1], NO_LEADER)}, fenced=[1], shutting_down=[1])
+    assert elections.unfence_broker(image, 1) == [rec.unfence_broker(1, epoch_of(1))]
+
+
+# -- controlled shutdown -----------------------------------------------------------------------
+
+
+def test_a_controlled_shutdown_moves_leadership_to_another_isr_member() -> None:
+    image = cluster(
+        partitions={
+            0: ([1, 2, 3], [1, 2, 3], 1),  # led: another ISR member takes over
+            1: ([2, 1], [2, 1], 2),  # followed: it leaves the ISR
+            2: ([1, 3], [1], 1),  # last ISR member: stays, but leads no more
+        }
+    )
+    records = elections.move_leaders_away(image, 1)
+    assert all(r.WhichOneof("record") == "partition_change" for r in records)
+    after = replay(image, records)
+    assert [(part(after, n).leader, part(after, n).isr) for n in range(3)] == [
+        (2, (2, 3)),
+        (2, (2,)),
+        (NO_LEADER, (1,)),
+    ]
+    assert after.leaders_of(1) == ()
+
+
+# -- AlterPartition ----------------------------------------------------------------------------
+
+
+def alter(
+    image: MetadataImage,
+    isr: Sequence[int],
+    *,
+    leader: int = 1,
+    partition_id: int = 0,
+    epochs: Mapping[int, int] | None = None,
+    **fields: int,
+) -> cpb.AlterPartitionRequest:
+    """An AlterPartition request from ``leader`` at the partition's current epochs (unless
+    ``fields`` say otherwise) with each member at its registered broker epoch."""
+    p = part(image, partition_id)
+    epochs = {**{b: epoch_of(b) for b in isr}, **(epochs or {})}
+    request = cpb.AlterPartitionRequest(
+        broker_id=leader,
+        broker_epoch=epoch_of(leader),
+        topic_id=ORDERS,
+        partition_id=partition_id,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+        new_isr=[cpb.IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in isr],
+    )
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
+def test_an_isr_only_change_keeps_the_leader_epoch() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    outcome = elections.alter_partition(image, alter(image, [1, 2]))
+    assert not changes(outcome.records)[0].HasField("leader")
+    p = part(replay(image, outcome.records), 0)
+    assert (p.leader, p.isr, p.leader_epoch, p.partition_epoch) == (1, (1, 2), 0, 1)
+
+
+def test_alter_partition_answers_the_partition_as_committed() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1], 1)})
+    outcome = elections.alter_partition(image, alter(image, [1, 3]))
+    p = part(replay(image, outcome.records), 0)
+    committed = rec.partition(
+        ORDERS, 0, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch
+    )
+    assert outcome.response.partition == committed.partition
+    assert p.isr == (1, 3)
+
+
+def test_an_unchanged_isr_writes_nothing() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2], 1)})
+    for isr in ([1, 2], [2, 1]):
+        outcome = elections.alter_partition(image, alter(image, isr))
+        assert outcome.records == ()
+        assert list(outcome.response.partition.isr) == [1, 2]
+        assert outcome.response.partition.partition_epoch == 0
+
+
+def refused(image: MetadataImage, request: cpb.AlterPartitionRequest) -> int:
+    with pytest.raises(DecisionError) as e:
+        elections.alter_partition(image, request)
+    assert e.value.message
+    return e.value.code
+
+
+def test_alter_partition_refuses_an_unknown_partition() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    request = alter(image, [1])
+    request.partition_id = 5
+    assert refused(image, request) == cpb.UNKNOWN_TOPIC_OR_PARTITION
+    request = alter(image, [1])
+    request.topic_id = UNKNOWN
+    assert refused(image, request) == cpb.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_alter_partition_refuses_a_stale_broker_epoch() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    assert refused(image, alter(image, [1, 2], broker_epoch=epoch_of(1) - 1)) == (
+        cpb.STALE_BROKER_EPOCH
+    )
+
+
+def test_alter_partition_refuses_a_broker_that_is_not_the_leader() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    assert refused(image, alter(image, [1, 2], leader=2)) == cpb.FENCED_LEADER_EPOCH
+
+
+def test_alter_partition_refuses_a_stale_leader_epoch() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    assert refused(image, alter(image, [1, 2], leader_epoch=1)) == cpb.FENCED_LEADER_EPOCH
+
+
+def test_alter_partition_refuses_a_stale_partition_epoch() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    stale = alter(image, [1, 2])
+    image = replay(image, elections.alter_partition(image, stale).records)
+    assert refused(image, stale) == cpb.INVALID_UPDATE_VERSION
+
+
+@pytest.mark.parametrize(
+    ("isr", "epochs"),
+    [([1, 4], {}), ([1, 3], {}), ([1, 5], {}), ([1, 2], {2: epoch_of(2) - 1})],
+    ids=["not-a-replica", "fenced", "in-controlled-shutdown", "stale-broker-epoch"],
+)
+def test_alter_partition_refuses_an_ineligible_replica(
+    isr: list[int], epochs: dict[int, int]
+) -> None:
+    image = cluster(
+        [1, 2, 3, 4, 5],
+        {0: ([1, 2, 3, 5], [1], 1)},
+        fenced=[3],
+        shutting_down=[5],
+    )
+    assert refused(image, alter(image, isr, epochs=epochs)) == cpb.INELIGIBLE_REPLICA
+
+
+@pytest.mark.parametrize(
+    "isr", [[], [1, 2, 2], [2, 3]], ids=["empty", "duplicate", "without-the-leader"]
+)
+def test_alter_partition_refuses_a_malformed_isr(isr: list[int]) -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    assert refused(image, alter(image, isr)) == cpb.INVALID_REQUEST
+
+
+# -- preferred leaders -------------------------------------------------------------------------
+
+
+def preferred_cluster() -> MetadataImage:
+    return cluster(
+        [1, 2, 3, 4],
+        {
+            0: ([1, 2], [1, 2], 2),  # electable
+            1: ([2, 1], [2, 1], 2),  # already led by its preferred replica
+            2: ([3, 1], [3, 1], 1),  # preferred replica fenced
+            3: ([4, 1], [1], 1),  # preferred replica not in the ISR
+        },
+        fenced=[3],
+    )
+
+
+def test_preferred_election_moves_leadership_to_the_first_replica() -> None:
+    image = preferred_cluster()
+    outcome = elections.elect_preferred_leaders(image, [(ORDERS, 0), (ORDERS, 0)])
+    assert outcome.response == [elections.ElectionResult("orders", 0, cpb.NONE, "")]
+    assert len(outcome.records) == 1
+    p = part(replay(image, outcome.records), 0)
+    assert (p.leader, p.leader_epoch, p.isr) == (1, 1, (1, 2))
+
+
+def test_preferred_election_answers_each_partition() -> None:
+    image = preferred_cluster()
+    asked: list[tuple[bytes | str, int]] = [
+        (ORDERS, 1),
+        ("orders", 2),
+        (ORDERS, 3),
+        ("orders", 9),
+        ("nope", 0),
+        (UNKNOWN, 0),
+    ]
+    outcome = elections.elect_preferred_leaders(image, asked)
+    assert outcome.records == ()
+    assert [(r.topic, r.partition, r.error) for r in outcome.response] == [
+        ("orders", 1, cpb.ELECTION_NOT_NEEDED),
+        ("orders", 2, cpb.PREFERRED_LEADER_NOT_AVAILABLE),
+        ("orders", 3, cpb.PREFERRED_LEADER_NOT_AVAILABLE),
+        ("orders", 9, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+        ("nope", 0, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+        (f"(topic id {UNKNOWN.hex()})", 0, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
+
+
+def test_electing_every_partition_leaves_out_those_that_need_no_election() -> None:
+    image = preferred_cluster()
+    outcome = elections.elect_preferred_leaders(image, None)
+    assert [(r.partition, r.error) for r in outcome.response] == [
+        (0, cpb.NONE),
+        (2, cpb.PREFERRED_LEADER_NOT_AVAILABLE),
+        (3, cpb.PREFERRED_LEADER_NOT_AVAILABLE),
+    ]
+    assert part(replay(image, outcome.records), 0).leader == 1
+
+
+def test_rebalancing_moves_leaders_back_to_live_preferred_replicas() -> None:
+    image = cluster(
+        partitions={0: ([1, 2, 3], [1, 2, 3], 2), 1: ([2, 3, 1], [2, 3, 1], 3)},
+    )
+    after = replay(image, elections.rebalance_leaders(image))
+    assert (part(after, 0).leader, part(after, 1).leader) == (1, 2)
+    assert elections.rebalance_leaders(after) == []
+
+
+def test_rebalancing_leaves_a_partition_whose_preferred_replica_is_fenced() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [2, 3], 2)}, fenced=[1])
+    assert elections.rebalance_leaders(image) == []
+
+
+# -- invariants under random broker churn ------------------------------------------------------
+
+BROKERS = (1, 2, 3, 4)
+Op = tuple[str, int, bool]
+
+
+def churn(image: MetadataImage, op: Op) -> list[pb.MetadataRecord]:
+    action, broker_id, unclean = op
+    reg = image.brokers[broker_id]
+    if action == "fence" and not reg.fenced:
+        return elections.fence_broker(image, broker_id, unclean)
+    if action == "unfence" and reg.fenced and not reg.in_controlled_shutdown:
+        return elections.unfence_broker(image, broker_id)
+    if action == "shutdown" and not reg.fenced and not reg.in_controlled_shutdown:
+        change = rec.broker_registration_change(
+            broker_id, reg.broker_epoch, in_controlled_shutdown=True
+        )
+        return [change, *elections.move_leaders_away(image, broker_id)]
+    return []
+
+
+def check_leadership(image: MetadataImage) -> None:
+    alive = elections.alive_brokers(image)
+    for topic in image.topics.values():
+        for p in topic.partitions.values():
+            assert p.isr, p
+            assert p.leader == NO_LEADER or p.leader in alive, p
+            gone = [b for b in p.isr if b not in alive]
+            assert not gone or p.isr == tuple(gone[:1]), p  # only a last member may be gone
+            assert p.leader != NO_LEADER or not set(p.isr) & alive, p
+
+
+@st.composite
+def partition_specs(draw: st.DrawFn) -> dict[int, PartitionSpec]:
+    specs: dict[int, PartitionSpec] = {}
+    for n in range(draw(st.integers(1, 6))):
+        replicas = draw(st.permutations(BROKERS))[: draw(st.integers(1, 3))]
+        specs[n] = (replicas, replicas, replicas[0])
+    return specs
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    specs=partition_specs(),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["fence", "unfence", "shutdown"]),
+            st.sampled_from(BROKERS),
+            st.booleans(),
+        ),
+        max_size=20,
+    ),
+)
+def test_leaders_stay_alive_through_fences_unfences_and_shutdowns(
+    specs: dict[int, PartitionSpec], ops: list[Op]
+) -> None:
+    image = cluster(BROKERS, specs)
+    for op in ops:
+        image = replay(image, churn(image, op))
+        check_leadership(image)
