@@ -1,0 +1,446 @@
+"""Config decisions of the active controller: which topic and broker settings exist and what
+values they take, IncrementalAlterConfigs, AllocateProducerIds and DescribeCluster.
+
+How this works. Config entries travel as text (``ConfigRecord``, name -> value) and are
+checked here, once, before they are committed: a name must be in one of the tables below and
+its value must parse and satisfy ``storage.config.LogConfig``'s own validation, including the
+relations between settings (``segment.jitter.ms`` below ``segment.ms``). To check a relation
+the entries are laid over ``log_defaults`` (the node's ``[log]`` section) and a ``LogConfig``
+is built; the same function (``topic_log_config``) later turns a topic's committed entries into
+the ``LogConfig`` of its partition logs. What is committed is the value's canonical text
+(``" 100"`` -> ``"100"``, ``"delete,compact"`` -> ``"compact,delete"``), so every node reads
+the same bytes and equal settings compare equal.
+
+Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
+
+    cleanup.policy             delete | compact | compact,delete   LogConfig.cleanup_policy
+    delete.retention.ms        int >= 0                            delete_retention_ms
+    flush.messages             int >= 1, or -1                     flush_messages
+    flush.ms                   int >= 1, or -1                     flush_ms
+    index.interval.bytes       int >= 0                            index_interval_bytes
+    max.message.bytes          int >= 61                           max_message_bytes
+    message.timestamp.type     CreateTime | LogAppendTime          message_timestamp_type
+    min.cleanable.dirty.ratio  0.0 .. 1.0                          min_cleanable_dirty_ratio
+    min.compaction.lag.ms      int >= 0                            min_compaction_lag_ms
+    min.insync.replicas        int >= 1                            (replication, not the log)
+    retention.bytes            int >= 0, or -1                     retention_bytes
+    retention.ms               int >= 0, or -1                     retention_ms
+    segment.bytes              int >= 128                          segment_bytes
+    segment.index.bytes        int >= 24                           segment_index_bytes
+    segment.jitter.ms          int >= 0, below segment.ms          segment_jitter_ms
+    segment.ms                 int >= 1                            segment_ms
+
+Broker configs (resource name "" for the cluster-wide default, or a broker id): the broker-wide
+defaults of some topic configs, under Kafka's broker names, and one controller setting:
+
+    log.cleanup.policy, log.flush.interval.messages, log.flush.interval.ms, log.retention.bytes,
+    log.retention.ms, log.roll.ms, log.segment.bytes, message.max.bytes, min.insync.replicas
+    (each as the topic config it defaults), unclean.leader.election.enable (true | false)
+
+Every decision here is pure: the image and the request in, an ``Outcome`` (records and
+answer) out, or ``DecisionError`` for a request refused as a whole (controller/outcome.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from itertools import chain
+from typing import Any, cast
+
+from controller import records as rec
+from controller.image import MetadataImage
+from controller.outcome import DecisionError, Outcome
+from controller.records import ConfigResourceType, MetadataRecord
+from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as mpb
+from storage.batch import TimestampType
+from storage.config import LogConfig
+
+__all__ = [
+    "BROKER_CONFIGS",
+    "PRODUCER_ID_BLOCK_SIZE",
+    "TOPIC_CONFIGS",
+    "allocate_producer_ids",
+    "as_error_code",
+    "describe_cluster",
+    "incremental_alter_configs",
+    "topic_log_config",
+    "validate_topic_configs",
+]
+
+PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's block size
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?")  # unambiguous
+_MAX_VALUE_CHARS = 1000
+_TIMESTAMP_TYPES = {
+    "CreateTime": TimestampType.CREATE_TIME,
+    "LogAppendTime": TimestampType.LOG_APPEND_TIME,
+}
+_TIMESTAMP_NAMES = {v: k for k, v in _TIMESTAMP_TYPES.items()}
+
+Parse = Callable[[str], Any]
+TOPIC = ConfigResourceType.TOPIC
+BROKER = ConfigResourceType.BROKER
+
+
+def as_error_code(code: int) -> cpb.ErrorCode:
+    """A ``DecisionError`` code as the generated stubs type it (they have no ValueType)."""
+    return cast(cpb.ErrorCode, code)
+
+
+# -- parsing one value -------------------------------------------------------------------------
+
+
+def _integer(maximum: int, *, minimum: int | None = None, unlimited: bool = False) -> Parse:
+    """Parses decimal text; -1 becomes None ("no limit") when ``unlimited``. Lower bounds of
+    LogConfig fields are left to LogConfig, so its message and ours cannot disagree."""
+
+    def parse(text: str) -> int | None:
+        if not _INTEGER.fullmatch(text):
+            raise ValueError("not an integer")
+        value = int(text)
+        if unlimited and value == -1:
+            return None
+        if value > maximum:
+            raise ValueError(f"above the maximum {maximum}")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"below the minimum {minimum}")
+        return value
+
+    return parse
+
+
+def _ratio(text: str) -> float:
+    if not _DECIMAL.fullmatch(text) or not math.isfinite(value := float(text)):
+        raise ValueError("not a decimal number")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("not between 0 and 1")
+    return value
+
+
+def _cleanup_policy(text: str) -> str:
+    parts = {part.strip() for part in text.split(",")}
+    if not parts or not parts <= {"delete", "compact"}:
+        raise ValueError("not delete, compact or compact,delete")
+    return ",".join(sorted(parts))  # "compact", "compact,delete" or "delete"
+
+
+def _timestamp_type(text: str) -> TimestampType:
+    if text not in _TIMESTAMP_TYPES:
+        raise ValueError("not CreateTime or LogAppendTime")
+    return _TIMESTAMP_TYPES[text]
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError("not true or false")
+    return text.lower() == "true"
+
+
+def _canonical(value: object) -> str:
+    if value is None:
+        return "-1"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, TimestampType):
+        return _TIMESTAMP_NAMES[value]
+    return str(value)
+
+
+# -- the tables --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    field: str | None  # the LogConfig field it sets; None: not a log setting
+    parse: Parse
+
+
+TOPIC_CONFIGS: Mapping[str, _Setting] = {
+    "cleanup.policy": _Setting("cleanup_policy", _cleanup_policy),
+    "delete.retention.ms": _Setting("delete_retention_ms", _integer(_INT64_MAX)),
+    "flush.messages": _Setting("flush_messages", _integer(_INT64_MAX, unlimited=True)),
+    "flush.ms": _Setting("flush_ms", _integer(_INT64_MAX, unlimited=True)),
+    "index.interval.bytes": _Setting("index_interval_bytes", _integer(_INT32_MAX)),
+    "max.message.bytes": _Setting("max_message_bytes", _integer(_INT32_MAX)),
+    "message.timestamp.type": _Setting("message_timestamp_type", _timestamp_type),
+    "min.cleanable.dirty.ratio": _Setting("min_cleanable_dirty_ratio", _ratio),
+    "min.compaction.lag.ms": _Setting("min_compaction_lag_ms", _integer(_INT64_MAX)),
+    "min.insync.replicas": _Setting(None, _integer(_INT32_MAX, minimum=1)),
+    "retention.bytes": _Setting("retention_bytes", _integer(_INT64_MAX, unlimited=True)),
+    "retention.ms": _Setting("retention_ms", _integer(_INT64_MAX, unlimited=True)),
+    "segment.bytes": _Setting("segment_bytes", _integer(_INT32_MAX)),
+    "segment.index.bytes": _Setting("segment_index_bytes", _integer(_INT32_MAX)),
+    "segment.jitter.ms": _Setting("segment_jitter_ms", _integer(_INT64_MAX)),
+    "segment.ms": _Setting("segment_ms", _integer(_INT64_MAX)),
+}
+
+# Broker name -> the topic config it is the default of; None: a setting of its own.
+BROKER_CONFIGS: Mapping[str, str | None] = {
+    "log.cleanup.policy": "cleanup.policy",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.roll.ms": "segment.ms",
+    "log.segment.bytes": "segment.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "min.insync.replicas": "min.insync.replicas",
+    "unclean.leader.election.enable": None,
+}
+_BROKER_ONLY: Mapping[str, Parse] = {"unclean.leader.election.enable": _boolean}
+
+
+# -- checking entries --------------------------------------------------------------------------
+
+
+def validate_topic_configs(
+    entries: Iterable[tuple[str, str]], log_defaults: LogConfig
+) -> dict[str, str]:
+    """The canonical text of each entry, or ``DecisionError``: INVALID_REQUEST for a name
+    given twice, INVALID_CONFIG for an unknown name, a value that does not parse or break a
+    ``LogConfig`` rule, alone or together with the other entries."""
+    entries = list(entries)
+    _refuse_repeats([name for name, _ in entries], "config")
+    canonical = {name: _canonical_value(name, value, TOPIC) for name, value in entries}
+    topic_log_config(canonical, log_defaults)
+    return canonical
+
+
+def topic_log_config(entries: Mapping[str, str], log_defaults: LogConfig) -> LogConfig:
+    """``log_defaults`` with a topic's config entries laid over it; ``DecisionError``
+    (INVALID_CONFIG) if an entry is unknown or the result breaks a ``LogConfig`` rule."""
+    changes: dict[str, Any] = {}
+    for name, text in entries.items():
+        setting = _topic_setting(name)
+        if setting.field is None:
+            continue
+        value = _parse(name, text, setting.parse)
+        try:
+            replace(log_defaults, **{setting.field: value})
+        except ValueError as e:
+            raise _invalid(name, text, str(e)) from None
+        changes[setting.field] = value
+    try:
+        return replace(log_defaults, **changes)
+    except ValueError as e:
+        raise DecisionError(cpb.INVALID_CONFIG, f"configs {dict(entries)}: {e}") from None
+
+
+def _topic_setting(name: str) -> _Setting:
+    setting = TOPIC_CONFIGS.get(name)
+    if setting is None:
+        raise DecisionError(
+            cpb.INVALID_CONFIG,
+            f"unknown topic config {_short(name)}; supported: {', '.join(sorted(TOPIC_CONFIGS))}",
+        )
+    return setting
+
+
+def _parser(name: str, kind: ConfigResourceType) -> Parse:
+    """How to read config ``name`` of a ``kind`` resource; ``DecisionError`` if unknown."""
+    if kind == ConfigResourceType.TOPIC:
+        return _topic_setting(name).parse
+    if name not in BROKER_CONFIGS:
+        supported = ", ".join(sorted(BROKER_CONFIGS))
+        raise DecisionError(
+            cpb.INVALID_CONFIG, f"unknown broker config {_short(name)}; supported: {supported}"
+        )
+    topic_name = BROKER_CONFIGS[name]
+    return _BROKER_ONLY[name] if topic_name is None else TOPIC_CONFIGS[topic_name].parse
+
+
+def _canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
+    return _canonical(_parse(name, text, _parser(name, kind)))
+
+
+def _parse(name: str, text: str, parse: Parse) -> Any:
+    if len(text) > _MAX_VALUE_CHARS:
+        raise _invalid(name, text, f"longer than {_MAX_VALUE_CHARS} characters")
+    try:
+        return parse(text.strip())
+    except ValueError as e:
+        raise _invalid(name, text, str(e)) from None
+
+
+def _invalid(name: str, text: str, why: str) -> DecisionError:
+    shown = _short(text)
+    return DecisionError(cpb.INVALID_CONFIG, f"invalid value {shown} for config {name!r}: {why}")
+
+
+def _short(text: str) -> str:
+    """``text`` quoted for a message, cut short if long (it comes from a client)."""
+    return repr(text) if len(text) <= 60 else f"{text[:60]!r}..."
+
+
+def _refuse_repeats(names: Iterable[str], what: str) -> None:
+    repeated = sorted(name for name, n in Counter(names).items() if n > 1)
+    if repeated:
+        raise DecisionError(cpb.INVALID_REQUEST, f"{what} {repeated[0]!r} is given twice")
+
+
+def _broker_log_check(entries: Mapping[str, str], log_defaults: LogConfig) -> None:
+    """Broker-level log defaults must make a valid LogConfig too (as topic entries)."""
+    as_topic = {
+        topic_name: value
+        for name, value in entries.items()
+        if (topic_name := BROKER_CONFIGS.get(name)) is not None
+    }
+    topic_log_config(as_topic, log_defaults)
+
+
+# -- IncrementalAlterConfigs -------------------------------------------------------------------
+
+
+def incremental_alter_configs(
+    image: MetadataImage,
+    request: cpb.IncrementalAlterConfigsRequest,
+    log_defaults: LogConfig | None = None,
+) -> Outcome[cpb.IncrementalAlterConfigsResponse]:
+    """Sets and deletes config entries of topics and brokers, resource by resource.
+
+    A resource's changes apply all or not at all; its result names the first problem. A
+    resource named twice is refused both times (INVALID_REQUEST). Only entries whose value
+    changes become records (a delete is a ``ConfigRecord`` without a value)."""
+    defaults = log_defaults or LogConfig()
+    keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
+    records: list[MetadataRecord] = []
+    response = cpb.IncrementalAlterConfigsResponse()
+    for resource in request.resources:
+        result = response.resources.add(
+            resource_type=resource.resource_type, resource_name=resource.resource_name
+        )
+        try:
+            if keys[(resource.resource_type, resource.resource_name)] > 1:
+                raise DecisionError(cpb.INVALID_REQUEST, "the resource is named twice")
+            changes = _alter_resource(image, resource, defaults)
+        except DecisionError as e:
+            result.error, result.message = as_error_code(e.code), e.message
+            continue
+        records += changes
+    return Outcome(() if request.validate_only else tuple(records), response)
+
+
+def _alter_resource(
+    image: MetadataImage, resource: cpb.AlterConfigsResource, log_defaults: LogConfig
+) -> list[MetadataRecord]:
+    kind = _resource_kind(image, resource)
+    _refuse_repeats((c.name for c in resource.configs), "config")
+    current = image.configs.get((kind, resource.resource_name), {})
+    entries = dict(current)
+    for change in resource.configs:
+        if change.op == cpb.SET:
+            entries[change.name] = _canonical_value(change.name, change.value, kind)
+        elif change.op == cpb.DELETE:
+            _parser(change.name, kind)  # deleting a misspelt name would silently do nothing
+            entries.pop(change.name, None)
+        else:
+            raise DecisionError(cpb.INVALID_REQUEST, f"unknown operation {change.op}")
+    if kind == TOPIC:
+        topic_log_config(entries, log_defaults)
+    else:
+        _broker_log_check(entries, log_defaults)
+    names = sorted(set(current) | set(entries))
+    return [
+        rec.config(kind, resource.resource_name, name, entries.get(name))
+        for name in names
+        if current.get(name) != entries.get(name)
+    ]
+
+
+def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> ConfigResourceType:
+    name = resource.resource_name
+    if resource.resource_type == int(TOPIC):
+        if name not in image.topic_ids:
+            raise DecisionError(cpb.UNKNOWN_TOPIC_OR_PARTITION, f"no topic named {name!r}")
+        return TOPIC
+    if resource.resource_type == int(BROKER):
+        if name and not (name.isdigit() and name.isascii() and str(int(name)) == name):
+            raise DecisionError(
+                cpb.INVALID_REQUEST,
+                f"broker resource {name!r} is neither '' (the cluster default) nor a broker id",
+            )
+        return BROKER
+    raise DecisionError(
+        cpb.INVALID_REQUEST, f"resource type {resource.resource_type} is not TOPIC or BROKER"
+    )
+
+
+# -- AllocateProducerIds -----------------------------------------------------------------------
+
+
+def allocate_producer_ids(
+    image: MetadataImage,
+    request: cpb.AllocateProducerIdsRequest,
+    block_size: int = PRODUCER_ID_BLOCK_SIZE,
+) -> Outcome[cpb.AllocateProducerIdsResponse]:
+    """The next ``block_size`` producer ids, for a broker registered at ``broker_epoch``
+    (fenced or not, as in Kafka: it may be catching up and about to produce)."""
+    broker = image.brokers.get(request.broker_id)
+    if broker is None:
+        raise DecisionError(
+            cpb.BROKER_ID_NOT_REGISTERED, f"broker {request.broker_id} is not registered"
+        )
+    if broker.broker_epoch != request.broker_epoch:
+        raise DecisionError(
+            cpb.STALE_BROKER_EPOCH,
+            f"broker {request.broker_id} is registered at epoch {broker.broker_epoch}, "
+            f"not {request.broker_epoch}",
+        )
+    start = image.next_producer_id
+    if start > _INT64_MAX - block_size:
+        raise DecisionError(cpb.UNKNOWN_SERVER_ERROR, "every producer id is taken")
+    record = rec.producer_ids(request.broker_id, request.broker_epoch, start + block_size)
+    answer = cpb.AllocateProducerIdsResponse(producer_id_start=start, producer_id_len=block_size)
+    return Outcome((record,), answer)
+
+
+# -- DescribeCluster ---------------------------------------------------------------------------
+
+
+def describe_cluster(
+    image: MetadataImage,
+    sessions_metadata_offsets: Mapping[int, int],
+    controller_epoch: int,
+    committed_offset: int,
+    *,
+    image_digest: str | None = None,
+) -> cpb.DescribeClusterResponse:
+    """The cluster as the committed ``image`` has it. ``sessions_metadata_offsets`` is each
+    broker's last reported metadata offset (missing: never reported, -1); ``image_digest``
+    may be passed when the caller has it, since computing it encodes the whole image."""
+    partitions, replicas, leaders = _count_partitions(image)
+    response = cpb.DescribeClusterResponse(
+        controller_epoch=controller_epoch,
+        metadata_offset=committed_offset,
+        image_digest=image.digest() if image_digest is None else image_digest,
+        topics=len(image.topics),
+        partitions=partitions,
+    )
+    for broker_id in sorted(image.brokers):
+        b = image.brokers[broker_id]
+        response.brokers.add(
+            broker_id=broker_id,
+            broker_epoch=b.broker_epoch,
+            listeners=[mpb.Listener(name=x.name, host=x.host, port=x.port) for x in b.listeners],
+            rack=b.rack or "",
+            fenced=b.fenced,
+            in_controlled_shutdown=b.in_controlled_shutdown,
+            metadata_offset=sessions_metadata_offsets.get(broker_id, -1),
+            partitions=replicas[broker_id],
+            leaders=leaders[broker_id],
+        )
+    return response
+
+
+def _count_partitions(image: MetadataImage) -> tuple[int, Counter[int], Counter[int]]:
+    """The partitions, and the replicas and leaderships per broker: one pass over all."""
+    partitions = [p for t in image.topics.values() for p in t.partitions.values()]
+    replicas = Counter(chain.from_iterable(p.replicas for p in partitions))
+    return len(partitions), replicas, Counter(p.leader for p in partitions)
