@@ -31,6 +31,7 @@ __all__ = ["ControllerClient", "ControllerUnavailable", "RetryPolicy"]
 
 _log = logging.getLogger(__name__)
 
+
 class ControllerUnavailable(Exception):
     """No active controller answered within the call's time limit."""
 

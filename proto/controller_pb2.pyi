@@ -397,3 +397,39 @@ class DescribeClusterResponse(_message.Message):
     topics: int
     partitions: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., controller_epoch: _Optional[int] = ..., metadata_offset: _Optional[int] = ..., image_digest: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerDescription, _Mapping]]] = ..., topics: _Optional[int] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicsRequest(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ConfigValue(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class TopicDescription(_message.Message):
+    __slots__ = ("name", "error", "topic_id", "partitions", "configs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    error: ErrorCode
+    topic_id: bytes
+    partitions: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.PartitionRecord]
+    configs: _containers.RepeatedCompositeFieldContainer[ConfigValue]
+    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., topic_id: _Optional[bytes] = ..., partitions: _Optional[_Iterable[_Union[_metadata_pb2.PartitionRecord, _Mapping]]] = ..., configs: _Optional[_Iterable[_Union[ConfigValue, _Mapping]]] = ...) -> None: ...
+
+class DescribeTopicsResponse(_message.Message):
+    __slots__ = ("header", "topics")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    topics: _containers.RepeatedCompositeFieldContainer[TopicDescription]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[TopicDescription, _Mapping]]] = ...) -> None: ...

@@ -84,6 +84,11 @@ class ControllerServiceStub:
                 request_serializer=proto_dot_controller__pb2.DescribeClusterRequest.SerializeToString,
                 response_deserializer=proto_dot_controller__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
+        self.DescribeTopics = channel.unary_unary(
+                '/runnel.controller.ControllerService/DescribeTopics',
+                request_serializer=proto_dot_controller__pb2.DescribeTopicsRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.DescribeTopicsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -149,6 +154,12 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeTopics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +212,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=proto_dot_controller__pb2.DescribeClusterRequest.FromString,
                     response_serializer=proto_dot_controller__pb2.DescribeClusterResponse.SerializeToString,
+            ),
+            'DescribeTopics': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTopics,
+                    request_deserializer=proto_dot_controller__pb2.DescribeTopicsRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.DescribeTopicsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +489,33 @@ class ControllerService:
             '/runnel.controller.ControllerService/DescribeCluster',
             proto_dot_controller__pb2.DescribeClusterRequest.SerializeToString,
             proto_dot_controller__pb2.DescribeClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTopics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runnel.controller.ControllerService/DescribeTopics',
+            proto_dot_controller__pb2.DescribeTopicsRequest.SerializeToString,
+            proto_dot_controller__pb2.DescribeTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ group's module to ``register`` its subparsers (see ``commands.py``); :func:`main
 runs the chosen handler and turns the outcome into an exit code. Groups so far:
 
     runnel log dump|verify|produce   read and write partition logs on disk (log_tools.py)
+    runnel node --config FILE        run one node (node.py)
 
 Later groups (``node``, ``cluster``, ``topics``) add one ``register`` call each.
 """
@@ -16,7 +17,7 @@ import os
 import signal
 import sys
 
-from runnel import log_tools
+from runnel import log_tools, node
 from runnel.commands import (
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     log_tools.register(groups)
+    node.register(groups)
     return parser
 
 

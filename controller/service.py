@@ -1,0 +1,299 @@
+"""The controller's gRPC API (``proto/controller.proto``), served on every controller node.
+
+How this works. Each RPC turns into one ``QuorumController.write`` of a pure decision
+(controller.brokers, .elections, .topics, .configs) and answers once its records are
+committed. The mapping of failures to the response header happens here, once:
+``NotController`` → NOT_CONTROLLER with the active controller's id and address (a standby
+answers every request so), ``DecisionError`` → its code and message, a commit that takes too
+long → REQUEST_TIMED_OUT, anything else → UNKNOWN_SERVER_ERROR (and a logged traceback).
+
+Broker sessions (last heartbeat, reported metadata offset, the offset a broker must reach to
+be unfenced) are the active controller's memory, not metadata: they start afresh each time
+this node becomes active, giving every registered broker a full session timeout. Two duties
+run while active: fencing brokers whose session expired, and preferred-leader rebalancing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc.aio
+
+from controller import brokers, configs, elections, topics
+from controller.brokers import BrokerSession
+from controller.image import MetadataImage
+from controller.outcome import DecisionError, Outcome
+from controller.quorum import NotController, PeriodicTask, QuorumController
+from controller.records import ConfigResourceType
+from proto import controller_pb2 as cpb
+from proto import controller_pb2_grpc
+from storage.config import LogConfig
+
+__all__ = ["ControllerService"]
+
+_log = logging.getLogger(__name__)
+R = TypeVar("R")
+Context = grpc.aio.ServicerContext[Any, Any]
+FENCE_CHECK_INTERVAL_MS = 1000
+
+
+class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
+    """Serves ``ControllerService`` for one controller node."""
+
+    def __init__(
+        self,
+        controller: QuorumController,
+        addresses: Mapping[int, str],
+        log_defaults: LogConfig | None = None,
+    ) -> None:
+        self.controller = controller
+        self.config = controller.config
+        self.addresses = dict(addresses)  # controller id -> its controller listener
+        self.log_defaults = log_defaults or LogConfig()
+        self.sessions: dict[int, BrokerSession] = {}
+        controller.on_activation(self._reset_sessions)
+        timeout_ms = self.config.broker_session_timeout_ms
+        interval_ms = min(FENCE_CHECK_INTERVAL_MS, max(1, timeout_ms // 3))
+        controller.add_periodic(PeriodicTask("fence", interval_ms / 1000, self._fence_expired))
+        if self.config.auto_leader_rebalance_enable:
+            interval_s = float(self.config.leader_imbalance_check_interval_s)
+            controller.add_periodic(PeriodicTask("rebalance", interval_s, self._rebalance))
+
+    def register(self, server: grpc.aio.Server) -> None:
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server(self, server)
+
+    # -- brokers -------------------------------------------------------------------------
+    async def RegisterBroker(
+        self, request: cpb.RegisterBrokerRequest, context: Context
+    ) -> cpb.RegisterBrokerResponse:
+        now, timeout = self.controller.clock_ms(), self.config.broker_session_timeout_ms
+
+        def decide(image: MetadataImage) -> Outcome[cpb.RegisterBrokerResponse]:
+            return brokers.register_broker(image, request, self.sessions, now, timeout)
+
+        async def committed(response: cpb.RegisterBrokerResponse, offset: int) -> None:
+            session = self.sessions.get(request.broker_id)
+            if session is None or session.broker_epoch != response.broker_epoch:
+                self.sessions[request.broker_id] = BrokerSession(
+                    request.broker_id, response.broker_epoch, now, -1, offset
+                )
+
+        return await self._serve(cpb.RegisterBrokerResponse, decide, committed)
+
+    async def BrokerHeartbeat(
+        self, request: cpb.BrokerHeartbeatRequest, context: Context
+    ) -> cpb.BrokerHeartbeatResponse:
+        now = self.controller.clock_ms()
+        session = self.sessions.get(request.broker_id)
+        unclean = self.config.unclean_leader_election_enable
+
+        def decide(image: MetadataImage) -> Outcome[cpb.BrokerHeartbeatResponse]:
+            committed_offset = self.controller.committed_offset
+            return brokers.broker_heartbeat(
+                image, request, session, committed_offset, now, unclean=unclean
+            )
+
+        async def committed(response: cpb.BrokerHeartbeatResponse, offset: int) -> None:
+            current = self.sessions.get(request.broker_id)
+            if current is not None and current.broker_epoch == request.broker_epoch:
+                self.sessions[request.broker_id] = current.touched(now, request.metadata_offset)
+
+        return await self._serve(cpb.BrokerHeartbeatResponse, decide, committed)
+
+    async def AlterPartition(
+        self, request: cpb.AlterPartitionRequest, context: Context
+    ) -> cpb.AlterPartitionResponse:
+        return await self._serve(
+            cpb.AlterPartitionResponse,
+            lambda image: elections.alter_partition(image, request),
+        )
+
+    async def ElectLeaders(
+        self, request: cpb.ElectLeadersRequest, context: Context
+    ) -> cpb.ElectLeadersResponse:
+        def decide(image: MetadataImage) -> Outcome[cpb.ElectLeadersResponse]:
+            wanted = _partitions_of(image, request) if request.partitions else None
+            outcome = elections.elect_preferred_leaders(image, wanted)
+            results = [
+                cpb.PartitionResult(
+                    topic=r.topic,
+                    partition=r.partition,
+                    error=configs.as_error_code(r.error),
+                    message=r.message,
+                )
+                for r in outcome.response
+            ]
+            return Outcome(outcome.records, cpb.ElectLeadersResponse(partitions=results))
+
+        return await self._serve(cpb.ElectLeadersResponse, decide)
+
+    # -- topics and configs --------------------------------------------------------------
+    async def CreateTopics(
+        self, request: cpb.CreateTopicsRequest, context: Context
+    ) -> cpb.CreateTopicsResponse:
+        def decide(image: MetadataImage) -> Outcome[cpb.CreateTopicsResponse]:
+            return topics.create_topics(
+                image,
+                request,
+                defaults=topics.TopicDefaults(
+                    self.config.num_partitions, self.config.default_replication_factor
+                ),
+                new_topic_id=lambda: os.urandom(16),
+                placement_start=int.from_bytes(os.urandom(2), "big"),
+                log_defaults=self.log_defaults,
+            )
+
+        return await self._serve(cpb.CreateTopicsResponse, decide)
+
+    async def DeleteTopics(
+        self, request: cpb.DeleteTopicsRequest, context: Context
+    ) -> cpb.DeleteTopicsResponse:
+        return await self._serve(
+            cpb.DeleteTopicsResponse, lambda image: topics.delete_topics(image, request)
+        )
+
+    async def CreatePartitions(
+        self, request: cpb.CreatePartitionsRequest, context: Context
+    ) -> cpb.CreatePartitionsResponse:
+        start = int.from_bytes(os.urandom(2), "big")
+        return await self._serve(
+            cpb.CreatePartitionsResponse,
+            lambda image: topics.create_partitions(image, request, placement_start=start),
+        )
+
+    async def IncrementalAlterConfigs(
+        self, request: cpb.IncrementalAlterConfigsRequest, context: Context
+    ) -> cpb.IncrementalAlterConfigsResponse:
+        return await self._serve(
+            cpb.IncrementalAlterConfigsResponse,
+            lambda image: configs.incremental_alter_configs(image, request, self.log_defaults),
+        )
+
+    async def AllocateProducerIds(
+        self, request: cpb.AllocateProducerIdsRequest, context: Context
+    ) -> cpb.AllocateProducerIdsResponse:
+        return await self._serve(
+            cpb.AllocateProducerIdsResponse,
+            lambda image: configs.allocate_producer_ids(image, request),
+        )
+
+    async def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: Context
+    ) -> cpb.DescribeClusterResponse:
+        def decide(image: MetadataImage) -> Outcome[cpb.DescribeClusterResponse]:
+            committed = self.controller.committed_image
+            offsets = {b: s.metadata_offset for b, s in self.sessions.items()}
+            response = configs.describe_cluster(
+                committed, offsets, self.controller.node.epoch, self.controller.committed_offset
+            )
+            return Outcome((), response)
+
+        return await self._serve(cpb.DescribeClusterResponse, decide)
+
+    async def DescribeTopics(
+        self, request: cpb.DescribeTopicsRequest, context: Context
+    ) -> cpb.DescribeTopicsResponse:
+        def decide(image: MetadataImage) -> Outcome[cpb.DescribeTopicsResponse]:
+            return Outcome((), describe_topics(self.controller.committed_image, request.names))
+
+        return await self._serve(cpb.DescribeTopicsResponse, decide)
+
+    # -- the mapping of failures, once -----------------------------------------------------
+    async def _serve(
+        self,
+        response_type: Callable[..., R],
+        decide: Callable[[MetadataImage], Outcome[R]],
+        committed: Callable[[R, int], Awaitable[None]] | None = None,
+    ) -> R:
+        try:
+            response, offset = await self.controller.write(decide)
+        except NotController as e:
+            return response_type(header=self._not_controller(e.leader_id))
+        except DecisionError as e:
+            error = configs.as_error_code(e.code)
+            return response_type(header=cpb.ResponseHeader(error=error, message=e.message))
+        except TimeoutError:
+            message = "the change was not committed in time; it may still be"
+            return response_type(
+                header=cpb.ResponseHeader(error=cpb.REQUEST_TIMED_OUT, message=message)
+            )
+        except Exception as e:  # a bug: answer, log loudly, keep serving
+            _log.exception("controller %d: request failed", self.controller.node_id)
+            header = cpb.ResponseHeader(error=cpb.UNKNOWN_SERVER_ERROR, message=repr(e))
+            return response_type(header=header)
+        if committed is not None:
+            await committed(response, offset)
+        response.header.CopyFrom(cpb.ResponseHeader(error=cpb.NONE))  # type: ignore[attr-defined]
+        return response
+
+    def _not_controller(self, leader_id: int) -> cpb.ResponseHeader:
+        return cpb.ResponseHeader(
+            error=cpb.NOT_CONTROLLER,
+            message=f"node {self.controller.node_id} is not the active controller",
+            controller_id=leader_id,
+            controller_address=self.addresses.get(leader_id, ""),
+        )
+
+    # -- duties of the active controller ---------------------------------------------------
+    def _reset_sessions(self) -> None:
+        now, offset = self.controller.clock_ms(), self.controller.committed_offset
+        image = self.controller.committed_image
+        self.sessions = {
+            b: BrokerSession(b, reg.broker_epoch, now, -1, offset)
+            for b, reg in image.brokers.items()
+        }
+
+    async def _fence_expired(self) -> None:
+        now, timeout = self.controller.clock_ms(), self.config.broker_session_timeout_ms
+        unclean = self.config.unclean_leader_election_enable
+        fenced, _ = await self.controller.write(
+            lambda image: brokers.fence_expired_brokers(image, self.sessions, now, timeout, unclean)
+        )
+        if fenced:
+            _log.warning("controller: fenced brokers %s: no heartbeat for %d ms", fenced, timeout)
+
+    async def _rebalance(self) -> None:
+        await self.controller.write(
+            lambda image: Outcome(tuple(elections.rebalance_leaders(image)), None)
+        )
+
+
+def describe_topics(image: MetadataImage, names: Sequence[str]) -> cpb.DescribeTopicsResponse:
+    """The committed state of ``names`` (every topic when empty), by name."""
+    response = cpb.DescribeTopicsResponse()
+    for name in sorted(set(names) if names else image.topic_ids):
+        described = response.topics.add(name=name)
+        topic = image.topic_by_name(name)
+        if topic is None:
+            described.error = cpb.UNKNOWN_TOPIC_OR_PARTITION
+            continue
+        described.topic_id = topic.topic_id
+        for p in (topic.partitions[i] for i in sorted(topic.partitions)):
+            described.partitions.add(
+                topic_id=p.topic_id,
+                partition_id=p.partition_id,
+                replicas=p.replicas,
+                isr=p.isr,
+                leader=p.leader,
+                leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch,
+            )
+        entries = image.configs.get((int(ConfigResourceType.TOPIC), name), {})
+        for key in sorted(entries):
+            described.configs.add(name=key, value=entries[key])
+    return response
+
+
+def _partitions_of(
+    image: MetadataImage, request: cpb.ElectLeadersRequest
+) -> list[tuple[bytes, int]]:
+    wanted = []
+    for tp in request.partitions:
+        topic = image.topic_by_name(tp.topic)
+        if topic is None:
+            raise DecisionError(cpb.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {tp.topic!r}")
+        wanted += [(topic.topic_id, p) for p in tp.partitions]
+    return wanted

@@ -1,0 +1,179 @@
+"""One runnel node process: ``runnel node --config FILE``.
+
+How this works. The config's ``process_roles`` decide what runs; every node replicates the
+metadata log through one ``RaftNode`` with a ``MetadataStateMachine``:
+
+- a **controller** is a voter: its Raft transport listens on the controller listener, which
+  also serves the controller's gRPC API (``ControllerService``), and it runs a
+  ``QuorumController`` (a standby until its Raft node leads);
+- a **broker** is a Raft observer (unless it is also a controller) whose transport listens
+  on its REPLICATION listener; it registers with the active controller and heartbeats
+  (``BrokerLifecycle``), starting fenced until it has caught up.
+
+SIGTERM (or SIGINT) is a controlled shutdown: a broker asks the controller to move its
+leaderships away first; a controller that leads resigns so the others elect at once.
+SIGKILL is safe: every acknowledged metadata record is fsynced on a majority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvloop
+
+from broker.lifecycle import BrokerLifecycle
+from controller.client import ControllerClient
+from controller.quorum import QuorumController
+from controller.service import ControllerService
+from controller.state_machine import MetadataStateMachine
+from proto import metadata_pb2 as mpb
+from raft.driver import RaftNode, RaftNodeConfig
+from raft.transport import GrpcTransport
+from runnel.commands import EXIT_OK, CommandError, Subparsers, set_handler
+from runnel.config import ConfigError, NodeConfig, Role, load_config
+
+__all__ = ["RunnelNode", "register"]
+
+_log = logging.getLogger(__name__)
+REPLICATION_LISTENER = "REPLICATION"
+SHUTDOWN_TIMEOUT_S = 30.0
+NEVER = 2**62
+
+
+class RunnelNode:
+    """The parts of one node, started and stopped in order."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.voters = config.quorum_voters()
+        self.is_controller = Role.CONTROLLER in config.process_roles
+        self.is_broker = Role.BROKER in config.process_roles
+        self.machine = MetadataStateMachine()
+        self.transport = self._transport()
+        raft_config = RaftNodeConfig(
+            config.node_id,
+            frozenset(self.voters),
+            config.metadata_log_dir,
+            config.raft,
+            snapshot_interval_records=NEVER,
+            snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
+        )
+        self.raft = RaftNode(raft_config, self.transport, self.machine)
+        self.controller: QuorumController | None = None
+        self.lifecycle: BrokerLifecycle | None = None
+        self.client: ControllerClient | None = None
+        if self.is_controller:
+            self.controller = QuorumController(self.raft, self.machine, config.controller)
+            service = ControllerService(self.controller, self.voters, config.log)
+            self.transport.add_service(service.register)
+        if self.is_broker:
+            self.client = ControllerClient(self.voters)
+            self.lifecycle = BrokerLifecycle(
+                config.node_id,
+                self._advertised_listeners(),
+                config.rack,
+                self.client,
+                self.raft,
+                self.machine,
+                config.broker.heartbeat_interval_ms,
+            )
+
+    def _transport(self) -> GrpcTransport:
+        config = self.config
+        name = config.controller_listener_name if self.is_controller else REPLICATION_LISTENER
+        listener = config.listener(name)
+        if listener is None:
+            raise CommandError(f"node {config.node_id} needs a {name} listener (metadata log)")
+        advertised = config.advertised(name)
+        peers = {i: a for i, a in self.voters.items() if i != config.node_id}
+        return GrpcTransport(
+            config.node_id,
+            listener.address,
+            peers,
+            config.raft_transport,
+            advertised_address=advertised.address if advertised is not None else None,
+        )
+
+    def _advertised_listeners(self) -> list[mpb.Listener]:
+        out = []
+        for listener in self.config.listeners:
+            advertised = self.config.advertised(listener.name) or listener
+            out.append(mpb.Listener(name=listener.name, host=advertised.host, port=advertised.port))
+        return out
+
+    async def start(self) -> None:
+        await self.transport.start()
+        await self.raft.start()
+        if self.lifecycle is not None:
+            await self.lifecycle.start()
+        roles = ",".join(sorted(r.value for r in self.config.process_roles))
+        _log.info("node %d started (%s) on %s", self.config.node_id, roles, self.transport.address)
+
+    async def stop(self) -> None:
+        if self.lifecycle is not None:
+            released = await self.lifecycle.shutdown(SHUTDOWN_TIMEOUT_S)
+            if not released:
+                _log.warning("node %d: controlled shutdown timed out", self.config.node_id)
+        if self.controller is not None:
+            await self.controller.close()
+        await self.raft.close()
+        await self.transport.close()
+        if self.client is not None:
+            await self.client.close()
+        _log.info("node %d stopped", self.config.node_id)
+
+
+async def serve(config: NodeConfig) -> None:
+    node = RunnelNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await node.start()
+    print(f"ready node {config.node_id}", flush=True)
+    await stop.wait()
+    await node.stop()
+
+
+def configure_logging(node_id: int) -> None:
+    """One line per event, ``key=value`` fields first: easy to grep and to parse."""
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s level=%(levelname)s node={node_id} logger=%(name)s %(message)s",
+    )
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, os.environ)
+    except ConfigError as e:
+        raise CommandError(f"invalid config:\n{e}") from None
+    if args.print_config:
+        print(config.describe())
+        return EXIT_OK
+    configure_logging(config.node_id)
+    uvloop.run(serve(config))
+    return EXIT_OK
+
+
+def register(groups: Subparsers) -> None:
+    """Add ``runnel node`` to the top-level parser."""
+    node = groups.add_parser(
+        "node",
+        help="run one node (controller, broker or both)",
+        description="Run one runnel node. SIGTERM shuts it down under control.",
+    )
+    node.add_argument("--config", type=Path, default=None, help="TOML config file")
+    node.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective config (file + RUNNEL_* variables) and exit",
+    )
+    set_handler(node, _run_node)
