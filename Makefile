@@ -28,7 +28,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy storage raft runnel bench controller
+	$(VENV)/bin/mypy storage raft runnel bench controller broker
 
 unit: install
 	$(PY) -m pytest -n 2 -q
