@@ -37,6 +37,7 @@ from raft.driver import RaftNode, RaftNodeConfig
 from raft.transport import GrpcTransport
 from runnel.commands import EXIT_OK, CommandError, Subparsers, set_handler
 from runnel.config import ConfigError, NodeConfig, Role, load_config
+from runnel.metrics import serve_metrics
 
 __all__ = ["RunnelNode", "register"]
 
@@ -108,6 +109,9 @@ class RunnelNode:
         return out
 
     async def start(self) -> None:
+        if self.config.metrics_port is not None:
+            host = self.transport.address.rpartition(":")[0]
+            serve_metrics(self, host, self.config.metrics_port)
         await self.transport.start()
         await self.raft.start()
         if self.lifecycle is not None:

@@ -1,0 +1,73 @@
+"""``runnel node`` composed in-process: a combined controller + broker node that is the only
+voter registers itself, gets unfenced, serves the controller API and Prometheus metrics, and
+leaves by controlled shutdown. (Real processes: tests/test_local_cluster.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+from broker.lifecycle import BrokerState
+from controller.client import ControllerClient
+from proto import controller_pb2 as cpb
+from raft.testing.processes import free_ports
+from runnel.config import load_config
+from runnel.node import RunnelNode
+
+
+def write_config(tmp_path: Path) -> tuple[Path, int, int]:
+    client, controller, replication, metrics = free_ports(4)
+    path = tmp_path / "node.toml"
+    path.write_text(
+        f"""node_id = 1
+process_roles = ["controller", "broker"]
+listeners = ["CLIENT://127.0.0.1:{client}", "CONTROLLER://127.0.0.1:{controller}",
+             "REPLICATION://127.0.0.1:{replication}"]
+data_dirs = ["{tmp_path / "data"}"]
+controller_quorum_voters = "1@127.0.0.1:{controller}"
+metrics_port = {metrics}
+[broker]
+heartbeat_interval_ms = 100
+[raft]
+election_timeout_ms = 100
+fetch_timeout_ms = 600
+fetch_max_wait_ms = 100
+"""
+    )
+    return path, controller, metrics
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> None:
+    path, controller_port, metrics_port = write_config(tmp_path)
+    config = load_config(path, {})
+
+    async def main() -> None:
+        node = RunnelNode(config)
+        client = ControllerClient({1: f"127.0.0.1:{controller_port}"})
+        await node.start()
+        try:
+            assert node.lifecycle is not None
+            await node.lifecycle.wait_for(BrokerState.RUNNING, 20)
+            request = cpb.CreateTopicsRequest(
+                topics=[cpb.CreatableTopic(name="t", num_partitions=2, replication_factor=1)]
+            )
+            response = await client.call("CreateTopics", request)
+            assert [t.error for t in response.topics] == [cpb.NONE]
+            metrics = await asyncio.to_thread(scrape, metrics_port)
+            assert 'runnel_controller_active{node_id="1"} 1.0' in metrics
+            assert 'runnel_broker_state{node_id="1",state="running"} 1.0' in metrics
+            assert 'runnel_raft_role{node_id="1",role="leader"} 1.0' in metrics
+            assert 'runnel_metadata_partitions{node_id="1"} 2.0' in metrics
+        finally:
+            await node.stop()  # controlled shutdown first
+            await client.close()
+        assert node.lifecycle.state is BrokerState.STOPPED
+
+    asyncio.run(asyncio.wait_for(main(), 60))
