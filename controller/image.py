@@ -28,6 +28,11 @@ onto ``EMPTY`` (``image_from_records``) gives an equal image. ``encode_snapshot`
 the container of ``controller.records`` together with the offset. ``digest`` is the sha256 of
 the canonical records alone, *without* the offset: it names the state, so two nodes with the
 same state agree even if one has since replayed a no-op; callers compare (offset, digest).
+
+Derived state: ``broker_load`` (each broker's replicas and preferred leaderships,
+``controller.broker_load``) is kept by the delta as partitions come, change and go. It is
+not in the snapshot or the digest; replaying a snapshot rebuilds it, so it takes part in
+image equality like everything else.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from types import MappingProxyType
 from typing import ClassVar, NamedTuple, TypeVar
 
 from controller import records as rec
+from controller.broker_load import BrokerLoad, LoadChanges
 from controller.records import ConfigResourceType, MetadataRecord, SnapshotError
 from proto import metadata_pb2 as pb
 
 __all__ = [
     "NO_LEADER",
+    "BrokerLoad",
     "BrokerRegistration",
     "Endpoint",
     "ImageError",
@@ -120,6 +127,8 @@ class MetadataImage:
     # The largest broker epoch ever registered (-1: none). Kept even after that broker
     # unregisters, so that a controller never hands out an epoch twice.
     broker_epoch_high_water: int
+    # Derived from the partitions (module doc): broker id -> its load, brokers with none left out.
+    broker_load: Mapping[int, BrokerLoad]
 
     EMPTY: ClassVar[MetadataImage]
 
@@ -139,7 +148,8 @@ class MetadataImage:
         return tuple(sorted(b for b, reg in self.brokers.items() if not reg.fenced))
 
     def partition_count(self) -> int:
-        return sum(len(t.partitions) for t in self.topics.values())
+        # Every partition has exactly one preferred leader: O(brokers), not O(topics).
+        return sum(load.preferred_leaders for load in self.broker_load.values())
 
     def leaders_of(self, broker_id: int) -> tuple[PartitionState, ...]:
         """The partitions ``broker_id`` leads, by topic id and partition id (scans them all)."""
@@ -172,6 +182,7 @@ MetadataImage.EMPTY = MetadataImage(
     next_producer_id=0,
     features=MappingProxyType({}),
     broker_epoch_high_water=-1,
+    broker_load=MappingProxyType({}),
 )
 
 
@@ -201,6 +212,12 @@ class _TopicChange:
         merged.update(self.partitions)
         return TopicImage(self.name, self.topic_id, MappingProxyType(merged))
 
+    def current(self) -> Iterable[PartitionState]:
+        """Every partition the topic has now: the base's, as changed by the delta."""
+        if self.base is not None:
+            yield from (p for i, p in self.base.partitions.items() if i not in self.partitions)
+        yield from self.partitions.values()
+
 
 class MetadataDelta:
     """Committed records replayed on top of ``image`` and not yet published.
@@ -222,6 +239,7 @@ class MetadataDelta:
         self._configs: dict[tuple[int, str], dict[str, str]] = {}  # all entries; {}: removed
         self._next_producer_id = image.next_producer_id
         self._features: dict[str, int | None] = {}  # None: level 0, removed
+        self._load = LoadChanges()
 
     def replay(self, record: MetadataRecord, offset: int) -> None:
         """Applies one committed record at ``offset``, which must follow the last one."""
@@ -243,6 +261,7 @@ class MetadataDelta:
             next_producer_id=self._next_producer_id,
             features=_merge(base.features, self._features),
             broker_epoch_high_water=self._high_water,
+            broker_load=self._load.applied_to(base.broker_load),
         )
 
     def _replay(self, record: MetadataRecord) -> None:
@@ -387,7 +406,12 @@ class MetadataDelta:
             partition_epoch=r.partition_epoch,
         )
         _check_partition(state)
-        self._touch_topic(r.topic_id).partitions[r.partition_id] = state
+        topic = self._touch_topic(r.topic_id)
+        old = topic.get(r.partition_id)
+        if old is not None:
+            self._load.remove(old.replicas)
+        self._load.add(state.replicas)
+        topic.partitions[r.partition_id] = state
 
     def _change_partition(self, r: pb.PartitionChangeRecord) -> None:
         topic = self._touch_topic(r.topic_id)
@@ -396,10 +420,16 @@ class MetadataDelta:
             raise ImageError(f"topic {topic.name!r} has no partition {r.partition_id}")
         new = _changed_partition(old, r)
         _check_partition(new)
+        if new.replicas != old.replicas:
+            self._load.remove(old.replicas)
+            self._load.add(new.replicas)
         topic.partitions[r.partition_id] = new
 
     def _remove_topic(self, r: pb.RemoveTopicRecord) -> None:
-        name = self._touch_topic(r.topic_id).name
+        topic = self._touch_topic(r.topic_id)
+        for partition in topic.current():
+            self._load.remove(partition.replicas)
+        name = topic.name
         self._topics[r.topic_id] = None
         self._topic_ids[name] = None
         self._configs[(int(ConfigResourceType.TOPIC), name)] = {}

@@ -2,7 +2,8 @@
 
 A property test draws record sequences from a tiny model that only writes what a correct
 controller could write, replays them in random batches, and checks that the snapshot of the
-result decodes (and replays) to the same image with the same digest.
+result decodes (and replays) to the same image with the same digest, and that the derived
+per-broker load always equals a full recount.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller import records as rec
+from controller.broker_load import BrokerLoad, count_load
 from controller.image import (
     Endpoint,
     ImageError,
@@ -265,6 +267,40 @@ def test_a_removed_topic_name_can_be_created_again_under_a_new_id() -> None:
     assert again is not None and again.topic_id == tid(2) and len(again.partitions) == 0
 
 
+def recount(image: MetadataImage) -> dict[int, BrokerLoad]:
+    return count_load(p.replicas for t in image.topics.values() for p in t.partitions.values())
+
+
+def test_broker_load_follows_partitions_as_they_come_change_and_go() -> None:
+    image = cluster()  # orders-0 on [1, 2, 3], orders-1 on [2, 3, 1]
+    assert image.broker_load == {1: (2, 1), 2: (2, 1), 3: (2, 0)}
+    image = replay(image, rec.partition_change(ORDERS, 0, replicas=[3, 1], isr=[3, 1], leader=3))
+    assert image.broker_load == {1: (2, 0), 2: (1, 1), 3: (2, 1)} == recount(image)
+    image = replay(image, rec.partition(ORDERS, 1, [4], [4], 4))  # replaced verbatim
+    assert image.broker_load == {1: (1, 0), 3: (1, 1), 4: (1, 1)} == recount(image)
+    assert image.partition_count() == 2
+    image = replay(image, rec.remove_topic(ORDERS))
+    assert dict(image.broker_load) == {} and image.partition_count() == 0
+
+
+def test_broker_load_is_shared_when_no_replica_list_changed() -> None:
+    before = cluster()
+    after = replay(
+        before,
+        rec.partition_change(ORDERS, 0, isr=[1, 2], leader=2),
+        rec.fence_broker(3, 12),
+        rec.topic("empty", tid(2)),
+    )
+    assert after.broker_load is before.broker_load
+
+
+def test_broker_load_is_neither_in_the_snapshot_nor_in_the_digest() -> None:
+    image = cluster()
+    kinds = {r.WhichOneof("record") for r in image.to_records()}
+    assert kinds == {"register_broker", "topic", "partition"}
+    assert decode_snapshot(encode_snapshot(image)).broker_load == image.broker_load
+
+
 def test_leaders_of_and_replicas_of_a_broker() -> None:
     image = cluster()
     assert [(p.topic_id, p.partition_id) for p in image.leaders_of(1)] == [(ORDERS, 0)]
@@ -368,6 +404,7 @@ def test_image_mappings_are_read_only() -> None:
         (image.configs[(TOPIC, "orders")], "b"),
         (image.features, "g"),
         (topic.partitions, 9),
+        (image.broker_load, 9),
     ]
     for mapping, key in targets:
         with pytest.raises(TypeError):
@@ -618,6 +655,16 @@ def _change_partition(draw: st.DrawFn, m: _Model) -> list[MetadataRecord]:
     ]
 
 
+def _put_partition(draw: st.DrawFn, m: _Model) -> list[MetadataRecord]:
+    """A PartitionRecord for an existing topic: a new partition, or one replaced verbatim."""
+    if not m.topics:
+        return []
+    topic_id = m.topics[draw(st.sampled_from(sorted(m.topics)))]
+    partition = draw(st.integers(0, 3))
+    replicas, isr, leader = m.partitions[(topic_id, partition)] = _partition_state(draw)
+    return [rec.partition(topic_id, partition, replicas, isr, leader)]
+
+
 def _remove_topic(draw: st.DrawFn, m: _Model) -> list[MetadataRecord]:
     if not m.topics:
         return []
@@ -646,6 +693,7 @@ _STEPS: list[_Step] = [
     *[_guarded] * 3,
     *[_create_topic] * 2,
     *[_change_partition] * 2,
+    _put_partition,
     _remove_topic,
     _other,
 ]
@@ -668,8 +716,11 @@ def test_a_snapshot_of_any_replayed_image_decodes_to_an_equal_image(
         delta.replay(record, offset)
         if offset in cuts:  # publish mid-way: batching must not change the result
             image = delta.apply()
+            assert image.broker_load == recount(image)
             delta = MetadataDelta(image)
     image = delta.apply()
+    assert image.broker_load == recount(image)
+    assert image.partition_count() == sum(len(t.partitions) for t in image.topics.values())
     assert image == replay(EMPTY, *records)
     decoded = decode_snapshot(encode_snapshot(image))
     assert decoded == image and decoded.digest() == image.digest()
