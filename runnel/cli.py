@@ -6,8 +6,10 @@ runs the chosen handler and turns the outcome into an exit code. Groups so far:
 
     runnel log dump|verify|produce   read and write partition logs on disk (log_tools.py)
     runnel node --config FILE        run one node (node.py)
+    runnel cluster up|down|status    a local cluster of node processes (cluster_command.py)
+    runnel topics create|list|describe|delete   topics, via the controller (topics_command.py)
 
-Later groups (``node``, ``cluster``, ``topics``) add one ``register`` call each.
+A later group adds one ``register`` call.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import signal
 import sys
 
-from runnel import log_tools, node
+from runnel import cluster_command, log_tools, node, topics_command
 from runnel.commands import (
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     log_tools.register(groups)
     node.register(groups)
+    cluster_command.register(groups)
+    topics_command.register(groups)
     return parser
 
 
