@@ -77,8 +77,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         async def committed(response: cpb.RegisterBrokerResponse, offset: int) -> None:
             session = self.sessions.get(request.broker_id)
             if session is None or session.broker_epoch != response.broker_epoch:
+                # Heartbeats report an end offset (everything below it applied): caught up
+                # means the registration record at ``offset`` is applied too.
                 self.sessions[request.broker_id] = BrokerSession(
-                    request.broker_id, response.broker_epoch, now, -1, offset
+                    request.broker_id, response.broker_epoch, now, -1, offset + 1
                 )
 
         return await self._serve(cpb.RegisterBrokerResponse, decide, committed)
