@@ -14,9 +14,12 @@ through a ``ControllerClient``:
    limit passes), then the broker stops.
 
 An answer of STALE_BROKER_EPOCH or BROKER_ID_NOT_REGISTERED (the controller lost or replaced
-the registration) makes it register again. Errors reaching the controller are retried by
-the client; a heartbeat that fails altogether is logged and the next one tries again: the
-controller fences a broker it has not heard from for its session timeout.
+the registration) makes it register again. Registration itself is retried with backoff while
+the answer is DUPLICATE_BROKER_REGISTRATION: after a restart, the previous process's session
+must expire first (``broker_session_timeout_ms``), as in Kafka. Errors reaching the
+controller are retried by the client; a heartbeat that fails altogether is logged and the
+next one tries again: the controller fences a broker it has not heard from for its session
+timeout.
 
 Each time the committed image changes, the partitions this broker leads and follows (with
 their epochs) go to the ``on_partitions`` callbacks: the hook that replication turns into
@@ -45,6 +48,12 @@ __all__ = ["BrokerLifecycle", "BrokerState", "PartitionAssignment"]
 _log = logging.getLogger(__name__)
 INCARNATION_ID_BYTES = 16
 _REREGISTER = frozenset({cpb.STALE_BROKER_EPOCH, cpb.BROKER_ID_NOT_REGISTERED})
+_RETRY_REGISTRATION = frozenset(
+    {cpb.DUPLICATE_BROKER_REGISTRATION, cpb.REQUEST_TIMED_OUT, cpb.UNKNOWN_SERVER_ERROR}
+)
+REGISTER_TIMEOUT_S = 120.0  # beyond a session timeout (9 s by default) with room to spare
+REGISTER_BACKOFF_S = 0.2
+REGISTER_BACKOFF_MAX_S = 2.0
 
 
 class BrokerState(enum.Enum):
@@ -136,16 +145,31 @@ class BrokerLifecycle:
 
     # -- internals -------------------------------------------------------------------------
     async def _register(self) -> None:
+        """Register, retrying what may pass: a previous process's session that has not
+        expired yet (DUPLICATE_BROKER_REGISTRATION, after a restart) or a slow commit."""
         request = cpb.RegisterBrokerRequest(
             broker_id=self.broker_id,
             incarnation_id=self.incarnation_id,
             listeners=self.listeners,
             rack=self.rack or "",
         )
-        response = await self.client.call("RegisterBroker", request)
-        if response.header.error != cpb.NONE:
-            name = cpb.ErrorCode.Name(response.header.error)
-            raise RuntimeError(f"broker {self.broker_id}: {name}: {response.header.message}")
+        backoff_s = REGISTER_BACKOFF_S
+        async with asyncio.timeout(REGISTER_TIMEOUT_S):
+            while True:
+                response = await self.client.call("RegisterBroker", request)
+                error = response.header.error
+                if error == cpb.NONE:
+                    break
+                name = cpb.ErrorCode.Name(error)
+                if error not in _RETRY_REGISTRATION:
+                    raise RuntimeError(
+                        f"broker {self.broker_id}: {name}: {response.header.message}"
+                    )
+                _log.info(
+                    "broker %d: %s; registering again in %.1f s", self.broker_id, name, backoff_s
+                )
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, REGISTER_BACKOFF_MAX_S)
         self.broker_epoch = response.broker_epoch
         self._set_state(BrokerState.FENCED)
         _log.info("broker %d registered with epoch %d", self.broker_id, self.broker_epoch)

@@ -9,7 +9,9 @@ long → REQUEST_TIMED_OUT, anything else → UNKNOWN_SERVER_ERROR (and a logged
 
 Broker sessions (last heartbeat, reported metadata offset, the offset a broker must reach to
 be unfenced) are the active controller's memory, not metadata: they start afresh each time
-this node becomes active, giving every registered broker a full session timeout. Two duties
+this node becomes active, giving every unfenced broker a full session timeout (as Kafka
+does; a new process for such a broker id registers once it has expired). A broker let go
+by a controlled shutdown has no session any more. Two duties
 run while active: fencing brokers whose session expired, and preferred-leader rebalancing.
 """
 
@@ -100,7 +102,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def committed(response: cpb.BrokerHeartbeatResponse, offset: int) -> None:
             current = self.sessions.get(request.broker_id)
-            if current is not None and current.broker_epoch == request.broker_epoch:
+            if response.should_shut_down:
+                self.sessions.pop(request.broker_id, None)  # let go: a restart may register
+            elif current is not None and current.broker_epoch == request.broker_epoch:
                 self.sessions[request.broker_id] = current.touched(now, request.metadata_offset)
 
         return await self._serve(cpb.BrokerHeartbeatResponse, decide, committed)
@@ -243,9 +247,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     def _reset_sessions(self) -> None:
         now, offset = self.controller.clock_ms(), self.controller.committed_offset
         image = self.controller.committed_image
-        self.sessions = {
+        self.sessions = {  # fenced brokers have no session to keep alive
             b: BrokerSession(b, reg.broker_epoch, now, -1, offset)
             for b, reg in image.brokers.items()
+            if not reg.fenced
         }
 
     async def _fence_expired(self) -> None:

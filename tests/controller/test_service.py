@@ -181,3 +181,21 @@ def test_a_duplicate_broker_registration_is_refused_while_the_first_is_alive(
         assert "broker 1" in response.header.message
 
     run(main, tmp_path)
+
+
+def test_a_broker_let_go_by_controlled_shutdown_can_register_again_at_once(
+    tmp_path: Path,
+) -> None:
+    async def main(quorum: Quorum, client: ControllerClient) -> None:
+        epoch = await register(client, 1)
+        await heartbeat_until_unfenced(client, 1, epoch)
+        request = cpb.BrokerHeartbeatRequest(
+            broker_id=1, broker_epoch=epoch, metadata_offset=1 << 40, want_shutdown=True
+        )
+        async with asyncio.timeout(10):
+            while not (await client.call("BrokerHeartbeat", request)).should_shut_down:
+                await asyncio.sleep(0.05)
+        new_epoch = await register(client, 1)  # a new process, well inside the session timeout
+        assert new_epoch > epoch
+
+    run(main, tmp_path)
