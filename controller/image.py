@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple, TypeVar
 
@@ -129,6 +129,9 @@ class MetadataImage:
     broker_epoch_high_water: int
     # Derived from the partitions (module doc): broker id -> its load, brokers with none left out.
     broker_load: Mapping[int, BrokerLoad]
+    # The digest, computed on first use: the image never changes, and the digest encodes it
+    # all (about 1 s at 100,000 partitions), so a cluster status poll must not pay it twice.
+    _digest: str | None = field(default=None, init=False, compare=False, repr=False)
 
     EMPTY: ClassVar[MetadataImage]
 
@@ -169,8 +172,12 @@ class MetadataImage:
 
     def digest(self) -> str:
         """sha256 hex of the canonical records; the offset is not included (module doc).
-        It encodes the whole image, O(partitions): compute it on demand, not per record."""
-        return hashlib.sha256(rec.frame_records(self.to_records())).hexdigest()
+        It encodes the whole image, O(partitions), once per image (then it is kept)."""
+        if self._digest is None:
+            digest = hashlib.sha256(rec.frame_records(self.to_records())).hexdigest()
+            object.__setattr__(self, "_digest", digest)  # a cache of a frozen value's function
+            return digest
+        return self._digest
 
 
 MetadataImage.EMPTY = MetadataImage(

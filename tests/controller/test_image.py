@@ -558,6 +558,23 @@ def test_the_digest_differs_when_anything_differs_but_not_with_the_offset() -> N
     assert gone.brokers == base.brokers and gone.digest() != base.digest()  # epoch 13 is taken
 
 
+def test_the_digest_is_computed_once_per_image_and_not_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image, other = cluster(), cluster()
+    calls = []
+    frame = rec.frame_records
+
+    def counted(records: list[MetadataRecord]) -> bytes:
+        calls.append(len(records))
+        return frame(records)
+
+    monkeypatch.setattr(rec, "frame_records", counted)
+    assert image.digest() == image.digest() == other.digest()
+    assert len(calls) == 2  # once for each image
+    assert image == other and image == cluster()  # a cached digest is not part of equality
+
+
 # -- the property: replay, snapshot, decode --------------------------------------------------
 
 BROKER_IDS = (1, 2, 3, 4)
