@@ -316,6 +316,12 @@ class RaftNode:
         self._machine.restore(self._snapshots.load(snapshot))
         self._applied_end, self._applied_epoch = snapshot.end_offset, snapshot.epoch
         self._since_snapshot = self._since_snapshot_bytes = 0
+        _log.info(
+            "raft %d: loaded the leader's snapshot up to offset %d (epoch %d)",
+            self.config.node_id,
+            snapshot.end_offset,
+            snapshot.epoch,
+        )
 
     async def _commit(self, commit_offset: int) -> None:
         self._log.set_high_watermark(commit_offset)

@@ -4,7 +4,9 @@ REPLICATION listener's host).
 
 How this works. Nothing on the hot paths counts anything for metrics: a custom collector
 reads the node's current state (Raft role, epoch, high watermark, the image, the broker's
-lifecycle state) each time Prometheus scrapes, so a node without a scraper pays nothing.
+lifecycle state) each time Prometheus scrapes, so a node without a scraper pays nothing. The
+image digest is computed per scrape (a pass over the whole image: fine for thousands of
+partitions; a large cluster would want it cached per offset).
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ class NodeCollector(Collector):
             role.add_metric([node_id, name], 1.0 if raft.role == name else 0.0)
         yield role
         image = node.machine.image
+        info = GaugeMetricFamily(
+            "runnel_metadata_image",
+            "The applied image: its last offset and digest (1; compare across nodes)",
+            labels=[*labels, "offset", "digest"],
+        )
+        info.add_metric([node_id, str(image.offset), image.digest()], 1.0)
+        yield info
         yield _gauge(
             "runnel_metadata_topics", "Topics in the image", labels, node_id, len(image.topics)
         )
