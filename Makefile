@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-DEMO_DIR := data/demo/events-0
+CLUSTER_DIR := data/cluster
 
 .PHONY: install run test lint typecheck unit bench clean
 
@@ -15,13 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job until the cluster exists: write a partition log with the engine,
-# verify it byte by byte, and dump its batches.
+# The main job: a local cluster of 3 controllers and 3 brokers, with a live status view
+# until Ctrl-C (running it again resumes the same cluster).
 run: install
-	rm -rf $(DEMO_DIR)
-	seq 1 20000 | sed 's/^/event-/' | $(VENV)/bin/runnel log produce $(DEMO_DIR) --codec lz4 --batch-records 500 -q
-	$(VENV)/bin/runnel log verify $(DEMO_DIR)
-	$(VENV)/bin/runnel log dump $(DEMO_DIR) | tail -n 5
+	$(VENV)/bin/runnel cluster up --data-dir $(CLUSTER_DIR)
 
 lint: install
 	$(VENV)/bin/ruff check .
