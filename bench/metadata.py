@@ -20,8 +20,11 @@ How this works. In order:
                  (``bench/metadata_snapshot.py``).
 
 The cluster is ``runnel.local_cluster`` + ``runnel.supervisor`` with the defaults of ``runnel
-cluster up`` except ``metadata_snapshot_bytes`` (``--snapshot-bytes``; the default 20 MiB
-would not be reached by this much metadata, and the catch-up must find a snapshot).
+cluster up`` except ``metadata_snapshot_bytes`` (``--snapshot-bytes``). The default 20 MiB
+would never be reached by this much metadata, and the catch-up must find a snapshot; unless
+given, it is set 10% above the bytes of the records the creation writes, so that, as with the
+default, no snapshot falls inside the timed creation, and the records of the broker's
+controlled shutdown then cross it on every node.
 
 Usage: ``python -m bench.metadata [--quick] [--topics N] [--partitions P] [--brokers B]
 [--dir DIR]``. ``--quick`` does a tenth of the work. The last line printed is one JSON object
@@ -41,11 +44,12 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from bench.metadata_baselines import baseline_server, measure_baselines
 from bench.metadata_cluster import BenchCluster, snapshot_setting
-from bench.metadata_figures import MIB, REPO, Params, Results
+from bench.metadata_figures import REPO, Params, Results
 from bench.metadata_phases import bench_catch_up, bench_create
 from bench.metadata_report import print_table, report
 from bench.metadata_snapshot import measure_file, measure_snapshot
@@ -62,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     parser.add_argument("--topics-per-request", type=int, default=10)
     parser.add_argument(
-        "--snapshot-bytes", type=int, help="metadata_snapshot_bytes (1 MiB; quick: 128 KiB)"
+        "--snapshot-bytes", type=int, help="metadata_snapshot_bytes (default: see above)"
     )
     parser.add_argument(
         "--dir", type=Path, default=REPO / "data", help="where the temporary cluster dir goes"
@@ -74,7 +78,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def params_from(args: argparse.Namespace) -> Params:
     quick: bool = args.quick
-    default_snapshot = MIB // 8 if quick else MIB
     params = Params(
         quick=quick,
         topics=args.topics or (1_000 if quick else 10_000),
@@ -84,7 +87,7 @@ def params_from(args: argparse.Namespace) -> Params:
         brokers=args.brokers,
         concurrency=args.concurrency,
         topics_per_request=args.topics_per_request,
-        snapshot_bytes=args.snapshot_bytes or default_snapshot,
+        snapshot_bytes=args.snapshot_bytes,
         rtt_samples=200 if quick else 1000,
     )
     if min(params.topics, params.partitions, params.concurrency, params.topics_per_request) < 1:
@@ -107,9 +110,11 @@ def work_dir(parent: Path) -> Iterator[Path]:
 async def run(root: Path, params: Params) -> Results:
     baselines = await measure_baselines(root, params)
     print(f"baselines: gRPC alone {baselines.grpc_create_s:.2f} s", flush=True)
+    snapshot_bytes = params.snapshot_bytes or baselines.snapshot_bytes()
+    params = replace(params, snapshot_bytes=snapshot_bytes)
     cluster = BenchCluster(root / "cluster", params)
     try:
-        with snapshot_setting(params.snapshot_bytes):
+        with snapshot_setting(snapshot_bytes):
             cluster.start()
             await cluster.wait_healthy()
             create = await bench_create(cluster, params)
@@ -125,7 +130,7 @@ async def run(root: Path, params: Params) -> Results:
         await cluster.close()
         cluster.stop()
     snapshot = measure_snapshot(snapshot_file)
-    return Results(baselines, create, catch_up, snapshot)
+    return Results(params, baselines, create, catch_up, snapshot)
 
 
 def _check_created(params: Params, topics: int, partitions: int) -> None:
@@ -152,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{load_at_start:.2f} at start)", flush=True)  # fmt: skip
         results = asyncio.run(run(root, params))
     elapsed = time.perf_counter() - started
-    print_table(params, results)
+    print_table(results.params, results)
     print(f"finished in {elapsed:.1f} s")
-    print(json.dumps(report(params, results, load_at_start, elapsed)))
+    print(json.dumps(report(results.params, results, load_at_start, elapsed)))
 
 
 if __name__ == "__main__":

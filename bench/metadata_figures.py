@@ -29,6 +29,7 @@ START_TIMEOUT_S = 120.0  # the cluster up and every broker unfenced
 CREATE_TIMEOUT_S = 1800.0  # the whole creation, however slow
 CATCH_UP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0  # a broker's controlled shutdown, then SIGKILL
+SNAPSHOT_WAIT_S = 30.0  # for the controller's first snapshot, before the catch-up
 DESCRIBE_INTERVAL_S = 0.5  # DescribeCluster polls (each is a pass over every partition)
 FILE_POLL_S = 0.02  # the restarted broker's log and snapshot directory
 RPC_TIMEOUT_MS = 120_000  # one CreateTopics waits for its commit: never retried by timeout
@@ -36,7 +37,11 @@ MEASURE_TIMEOUT_S = 900.0  # the snapshot-measuring subprocess
 TARGET_PARTITIONS = 100_000
 TARGET_CREATE_S = 60.0  # issue 4: 100,000 partitions created in <= 60 s
 TARGET_CATCH_UP_S = 10.0  # issue 4: a broker's catch-up from a snapshot in <= 10 s
-MIB = 1024 * 1024
+KIB = 1024
+# metadata_snapshot_bytes, unless given: this much above the creation's record bytes, so that
+# (as with the default 20 MiB) no snapshot falls inside the timed creation, while the records
+# of the broker's controlled shutdown that follows cross it: every node has a snapshot then.
+SNAPSHOT_HEADROOM = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class Params:
     brokers: int
     concurrency: int  # CreateTopics requests in flight
     topics_per_request: int
-    snapshot_bytes: int  # every node's metadata_snapshot_bytes
+    snapshot_bytes: int | None  # every node's metadata_snapshot_bytes (None: see above)
     rtt_samples: int  # sequential gRPC round trips of the baseline
 
     @property
@@ -91,6 +96,7 @@ class CreatePhase:
     active_controller: int
     cpu_s: dict[int, float]  # node id -> CPU seconds used during the creation
     all_brokers_s: float  # from the first request until every broker reported the last offset
+    controller_epochs: tuple[int, int]  # before and after: a change means a failover happened
     metadata_offset: int  # the controller's, once created
     topics: int  # as DescribeCluster counts them afterwards
     partitions: int
@@ -116,7 +122,8 @@ class SnapshotFigures:
 
     file_name: str
     size_bytes: int
-    end_offset: int
+    end_offset: int  # the Raft offset it covers up to (its name)
+    image_offset: int  # the last metadata record in it (Raft control records may follow)
     topics: int
     partitions: int
     cold_load_s: float  # the first decode_snapshot in the process
@@ -136,9 +143,14 @@ class Baselines:
     grpc_rtt: Distribution  # a unary CreateTopics to a server that answers at once
     grpc_create_s: float  # the run's requests, pipelined the same way, to that server
 
+    def snapshot_bytes(self) -> int:
+        """The automatic metadata_snapshot_bytes (see SNAPSHOT_HEADROOM), whole KiB."""
+        return -(-int(self.record_bytes * SNAPSHOT_HEADROOM) // KIB) * KIB
+
 
 @dataclass(frozen=True, slots=True)
 class Results:
+    params: Params  # with snapshot_bytes resolved
     baselines: Baselines
     create: CreatePhase
     catch_up: CatchUp

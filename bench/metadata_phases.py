@@ -27,7 +27,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.metadata_cluster import BenchCluster
@@ -36,6 +35,7 @@ from bench.metadata_figures import (
     CREATE_TIMEOUT_S,
     DESCRIBE_INTERVAL_S,
     FILE_POLL_S,
+    SNAPSHOT_WAIT_S,
     STOP_TIMEOUT_S,
     CatchUp,
     CreatePhase,
@@ -43,8 +43,8 @@ from bench.metadata_figures import (
     Params,
     creation_requests,
 )
+from bench.metadata_snapshot import snapshot_end_offset
 from proto import controller_pb2 as cpb
-from raft.snapshots import SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,7 @@ def refusals(responses: Sequence[cpb.CreateTopicsResponse]) -> dict[str, int]:
 async def bench_create(cluster: BenchCluster, params: Params) -> CreatePhase:
     requests = creation_requests(params)
     active = await cluster.active_controller()
+    epoch_before = (await cluster.describe()).controller_epoch
     cpu_before = cluster.cpu_by_node()
     started = time.monotonic()
 
@@ -106,6 +107,7 @@ async def bench_create(cluster: BenchCluster, params: Params) -> CreatePhase:
         active_controller=active,
         cpu_s={i: cpu_after[i] - cpu_before.get(i, 0.0) for i in cpu_after},
         all_brokers_s=time.monotonic() - started,
+        controller_epochs=(epoch_before, described.controller_epoch),
         metadata_offset=described.metadata_offset,
         topics=described.topics,
         partitions=described.partitions,
@@ -123,10 +125,6 @@ async def wait_brokers_at(cluster: BenchCluster, offset: int, timeout_s: float) 
             await asyncio.sleep(DESCRIBE_INTERVAL_S)
 
 
-def snapshot_end_offset(path: Path) -> int:
-    return int(path.name.removesuffix(SUFFIX).split("-")[0])
-
-
 async def bench_catch_up(cluster: BenchCluster, controller_id: int) -> CatchUp:
     broker = cluster.broker_ids[-1]
     stopping = time.monotonic()
@@ -134,13 +132,7 @@ async def bench_catch_up(cluster: BenchCluster, controller_id: int) -> CatchUp:
     stop_s = time.monotonic() - stopping
     cluster.wipe(broker)
     target = (await cluster.describe()).metadata_offset
-    snapshots = cluster.snapshots(controller_id)
-    log_start = snapshot_end_offset(snapshots[-1]) if snapshots else 0
-    if log_start == 0:
-        raise RuntimeError(
-            f"controller {controller_id} has no snapshot: a restarted broker would replay the "
-            "log instead of fetching one; lower --snapshot-bytes"
-        )
+    log_start = await _snapshot_taken(cluster, controller_id)
     since = cluster.log_size(broker)
     started = time.monotonic()
     cluster.start()
@@ -158,6 +150,19 @@ async def bench_catch_up(cluster: BenchCluster, controller_id: int) -> CatchUp:
         unfenced_s=times["unfenced"],
         snapshot_end_offset=snapshot_end_offset(fetched[0]) if fetched else None,
     )
+
+
+async def _snapshot_taken(cluster: BenchCluster, controller_id: int) -> int:
+    """The end offset of the controller's latest snapshot, once it has one (bounded wait)."""
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while not cluster.snapshots(controller_id):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"controller {controller_id} has no snapshot: a restarted broker would replay "
+                "the log instead of fetching one; lower --snapshot-bytes"
+            )
+        await asyncio.sleep(FILE_POLL_S)
+    return snapshot_end_offset(cluster.snapshots(controller_id)[-1])
 
 
 async def _watch_catch_up(

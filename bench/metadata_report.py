@@ -125,6 +125,9 @@ def print_table(params: Params, r: Results) -> None:
         print(line)
     if r.create.errors:
         print(f"  refused topics: {r.create.errors}")
+    before, after = r.create.controller_epochs
+    if before != after:
+        print(f"  the controller epoch moved from {before} to {after} during the creation")
     scaled = "" if params.total_partitions == TARGET_PARTITIONS else " (at this run's rate)"
     verdict = {True: "met", False: "MISSED"}
     print("targets:")
@@ -203,6 +206,7 @@ def _create_json(r: Results) -> dict[str, Any]:
         "active_controller": c.active_controller,
         "cpu_s": {str(i): round(v, 2) for i, v in sorted(c.cpu_s.items())},
         "all_brokers_reported_s": round(c.all_brokers_s, 3),
+        "controller_epochs": list(c.controller_epochs),
         "metadata_offset": c.metadata_offset,
         "topics": c.topics,
         "partitions": c.partitions,
@@ -217,6 +221,7 @@ def _snapshot_json(r: Results) -> dict[str, Any]:
     return {
         "file": s.file_name,
         "end_offset": s.end_offset,
+        "image_offset": s.image_offset,
         "topics": s.topics,
         "partitions": s.partitions,
         "load_samples_s": [round(x, 3) for x in s.load_s.samples],

@@ -36,6 +36,7 @@ from bench.metadata_figures import MEASURE_TIMEOUT_S, REPO, Distribution, Snapsh
 from controller.image import decode_snapshot, encode_snapshot
 from controller.records import unpack_snapshot
 from raft import snapshots
+from raft.snapshots import SUFFIX
 
 LOADS = 3
 
@@ -61,7 +62,7 @@ def measure_file(path: Path) -> dict[str, Any]:
     cold_s = time.perf_counter() - started
     gc.collect()
     rss_delta = _rss_bytes() - rss_before
-    figures: dict[str, Any] = {"topics": len(image.topics), "end_offset": image.offset + 1}
+    figures: dict[str, Any] = {"topics": len(image.topics), "image_offset": image.offset}
     figures |= {"partitions": image.partition_count(), "cold_load_s": cold_s}
     figures["rss_delta_bytes"] = rss_delta
     started = time.perf_counter()
@@ -96,6 +97,11 @@ def _traced_load(payload: bytes) -> int:
     return after - before
 
 
+def snapshot_end_offset(path: Path) -> int:
+    """The end offset a snapshot file's name starts with (raft/snapshots.py)."""
+    return int(path.name.removesuffix(SUFFIX).split("-")[0])
+
+
 def measure_snapshot(path: Path) -> SnapshotFigures:
     """``measure_file`` in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -112,7 +118,8 @@ def measure_snapshot(path: Path) -> SnapshotFigures:
     return SnapshotFigures(
         file_name=path.name,
         size_bytes=path.stat().st_size,
-        end_offset=raw["end_offset"],
+        end_offset=snapshot_end_offset(path),
+        image_offset=raw["image_offset"],
         topics=raw["topics"],
         partitions=raw["partitions"],
         cold_load_s=raw["cold_load_s"],
