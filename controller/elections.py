@@ -23,6 +23,7 @@ the periodic balancing the placement module asks for.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -261,13 +262,23 @@ def _elect_preferred(
     return _change(p, preferred, p.isr), ElectionResult(name, partition_id, cpb.NONE, "")
 
 
-def rebalance_leaders(image: MetadataImage) -> list[pb.MetadataRecord]:
+def rebalance_leaders(
+    image: MetadataImage, imbalance_percentage: int = 0
+) -> list[pb.MetadataRecord]:
     """The periodic preferred-leader balancing: each partition whose first replica is alive
-    and in the ISR but does not lead is handed back to it (``placement``'s rule)."""
-    states = ((p, p.replicas, p.isr, p.leader) for p in _partition_states(image))
+    and in the ISR but does not lead is handed back to it (``placement``'s rule), for the
+    brokers whose imbalance (the share of the partitions they are preferred for that they do
+    not lead) is above ``imbalance_percentage`` (Kafka's
+    ``leader.imbalance.per.broker.percentage``)."""
+    partitions = list(_partition_states(image))
+    preferred = Counter(p.replicas[0] for p in partitions)
+    states = ((p, p.replicas, p.isr, p.leader) for p in partitions)
+    moves = preferred_leader_moves(states, alive_brokers(image))
+    behind = Counter(broker for _, broker in moves)
+    over = {b for b, n in behind.items() if 100 * n > imbalance_percentage * preferred[b]}
     records = []
-    for p, preferred in preferred_leader_moves(states, alive_brokers(image)):
-        record = _change(p, preferred, p.isr)
+    for p, broker in moves:
+        record = _change(p, broker, p.isr) if broker in over else None
         if record is not None:
             records.append(record)
     return records

@@ -11,8 +11,10 @@ Broker sessions (last heartbeat, reported metadata offset, the offset a broker m
 be unfenced) are the active controller's memory, not metadata: they start afresh each time
 this node becomes active, giving every unfenced broker a full session timeout (as Kafka
 does; a new process for such a broker id registers once it has expired). A broker let go
-by a controlled shutdown has no session any more. Two duties
-run while active: fencing brokers whose session expired, and preferred-leader rebalancing.
+by a controlled shutdown has no session any more. Three duties run while active: fencing
+brokers whose session expired, preferred-leader rebalancing (for brokers above
+``leader_imbalance_per_broker_percentage``), and a NoOp record after
+``metadata_max_idle_interval_ms`` without a commit.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from controller.brokers import BrokerSession
 from controller.image import MetadataImage
 from controller.outcome import DecisionError, Outcome
 from controller.quorum import NotController, PeriodicTask, QuorumController
-from controller.records import ConfigResourceType
+from controller.records import ConfigResourceType, MetadataRecord
 from proto import controller_pb2 as cpb
 from proto import controller_pb2_grpc
+from proto import metadata_pb2 as mpb
 from storage.config import LogConfig
 
 __all__ = ["ControllerService"]
@@ -60,6 +63,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         timeout_ms = self.config.broker_session_timeout_ms
         interval_ms = min(FENCE_CHECK_INTERVAL_MS, max(1, timeout_ms // 3))
         controller.add_periodic(PeriodicTask("fence", interval_ms / 1000, self._fence_expired))
+        self._idle_since_offset = -1
+        idle_s = self.config.metadata_max_idle_interval_ms / 1000
+        controller.add_periodic(PeriodicTask("keep-alive", idle_s, self._keep_alive))
         if self.config.auto_leader_rebalance_enable:
             interval_s = float(self.config.leader_imbalance_check_interval_s)
             controller.add_periodic(PeriodicTask("rebalance", interval_s, self._rebalance))
@@ -263,9 +269,19 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             _log.warning("controller: fenced brokers %s: no heartbeat for %d ms", fenced, timeout)
 
     async def _rebalance(self) -> None:
+        percentage = self.config.leader_imbalance_per_broker_percentage
         await self.controller.write(
-            lambda image: Outcome(tuple(elections.rebalance_leaders(image)), None)
+            lambda image: Outcome(tuple(elections.rebalance_leaders(image, percentage)), None)
         )
+
+    async def _keep_alive(self) -> None:
+        """A NoOp when nothing was committed for a whole interval: the log (and the offsets
+        brokers report) keeps moving, and a leader that lost its quorum finds out."""
+        offset = self.controller.committed_offset
+        if offset == self._idle_since_offset:
+            noop = MetadataRecord(no_op=mpb.NoOpRecord())
+            await self.controller.write(lambda image: Outcome((noop,), None))
+        self._idle_since_offset = self.controller.committed_offset
 
 
 def describe_topics(image: MetadataImage, names: Sequence[str]) -> cpb.DescribeTopicsResponse:

@@ -68,6 +68,7 @@ class RaftNodeConfig:
     raft: RaftConfig = field(default_factory=RaftConfig)
     snapshot_interval_records: int = 10_000  # snapshot after this many applied records
     snapshot_interval_bytes: int = 2**62  # ... or after this many bytes of applied records
+    snapshot_interval_ms: int = 2**62  # ... or this long after the last one, if anything new
     max_pending_proposals: int = 10_000  # proposals awaiting commit before propose waits
 
     def __post_init__(self) -> None:
@@ -109,6 +110,7 @@ class RaftNode:
         self._applied_epoch = 0
         self._since_snapshot = 0
         self._since_snapshot_bytes = 0
+        self._last_snapshot_ms = _now_ms()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._core = self._restore()
@@ -343,9 +345,14 @@ class RaftNode:
             offset, future = pending.popleft()
             if not future.done():
                 future.set_result(offset)
+        config = self.config
         if (
-            self._since_snapshot >= self.config.snapshot_interval_records
-            or self._since_snapshot_bytes >= self.config.snapshot_interval_bytes
+            self._since_snapshot >= config.snapshot_interval_records
+            or self._since_snapshot_bytes >= config.snapshot_interval_bytes
+            or (
+                self._since_snapshot > 0
+                and _now_ms() - self._last_snapshot_ms >= config.snapshot_interval_ms
+            )
         ):
             await self._take_snapshot()
 
@@ -354,6 +361,7 @@ class RaftNode:
         data = self._machine.snapshot()
         await asyncio.to_thread(self._snapshots.save, snapshot, data)
         self._since_snapshot = self._since_snapshot_bytes = 0
+        self._last_snapshot_ms = _now_ms()
         await self._apply(self._core.snapshot_taken(snapshot, _now_ms()))
 
     def _fail_pending(self) -> None:

@@ -64,6 +64,7 @@ class RunnelNode:
             config.raft,
             snapshot_interval_records=NEVER,
             snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
+            snapshot_interval_ms=config.controller.metadata_snapshot_interval_ms,
         )
         self.raft = RaftNode(raft_config, self.transport, self.machine)
         self.controller: QuorumController | None = None

@@ -396,6 +396,16 @@ def test_rebalancing_moves_leaders_back_to_live_preferred_replicas() -> None:
     assert elections.rebalance_leaders(after) == []
 
 
+def test_rebalancing_waits_until_a_brokers_imbalance_is_above_the_percentage() -> None:
+    # Broker 1 is preferred for four partitions and leads three: 25% imbalance.
+    specs = {i: ([1, 2, 3], [1, 2, 3], 1) for i in range(4)}
+    specs[0] = ([1, 2, 3], [1, 2, 3], 2)
+    image = cluster(partitions=specs)
+    assert elections.rebalance_leaders(image, imbalance_percentage=25) == []
+    moved = changes(elections.rebalance_leaders(image, imbalance_percentage=24))
+    assert list(moved) == [0] and moved[0].leader == 1
+
+
 def test_rebalancing_leaves_a_partition_whose_preferred_replica_is_fenced() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [2, 3], 2)}, fenced=[1])
     assert elections.rebalance_leaders(image) == []

@@ -199,3 +199,14 @@ def test_a_broker_let_go_by_controlled_shutdown_can_register_again_at_once(
         assert new_epoch > epoch
 
     run(main, tmp_path)
+
+
+def test_an_idle_active_controller_writes_a_noop_so_the_log_moves(tmp_path: Path) -> None:
+    async def main(quorum: Quorum, client: ControllerClient) -> None:
+        request = cpb.DescribeClusterRequest()
+        first = (await client.call("DescribeCluster", request)).metadata_offset
+        async with asyncio.timeout(10):  # metadata_max_idle_interval_ms is 500 by default
+            while (await client.call("DescribeCluster", request)).metadata_offset == first:
+                await asyncio.sleep(0.1)
+
+    run(main, tmp_path)

@@ -78,9 +78,10 @@ class Cluster:
         snapshot_every: int = 10_000,
         raft: RaftConfig = FAST,
         snapshot_bytes: int = 2**62,
+        snapshot_ms: int = 2**62,
     ) -> None:
         self.root, self.hub, self.raft = root, Hub(), raft
-        self.snapshot_bytes = snapshot_bytes
+        self.snapshot_bytes, self.snapshot_ms = snapshot_bytes, snapshot_ms
         self.voters = frozenset(range(1, voters + 1))
         self.snapshot_every = snapshot_every
         self.nodes: dict[int, RaftNode] = {}
@@ -95,6 +96,7 @@ class Cluster:
             self.raft,
             snapshot_interval_records=self.snapshot_every,
             snapshot_interval_bytes=self.snapshot_bytes,
+            snapshot_interval_ms=self.snapshot_ms,
         )
         node = RaftNode(config, self.hub.transport(node_id), machine)
         await node.start()
@@ -253,6 +255,28 @@ def test_a_snapshot_is_taken_after_a_number_of_applied_bytes(tmp_path: Path) -> 
             assert not list(directory.glob("*.checkpoint"))  # 800 bytes: not yet
             await leader.propose([b"z" * 300])
             async with asyncio.timeout(10):  # taken right after the commit that crossed it
+                while not list(directory.glob("*.checkpoint")):
+                    await asyncio.sleep(0.01)
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_a_snapshot_is_taken_once_its_interval_has_passed_and_there_is_news(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, voters=1, snapshot_ms=300)
+        try:
+            leader = await cluster.start(1)
+            await cluster.leader()
+            directory = tmp_path / "node-1" / "snapshots"
+            await leader.propose([b"a"])
+            assert not list(directory.glob("*.checkpoint"))  # 300 ms have not passed
+            await asyncio.sleep(0.4)
+            await leader.propose([b"b"])  # news, after the interval
+            async with asyncio.timeout(10):
                 while not list(directory.glob("*.checkpoint")):
                     await asyncio.sleep(0.01)
         finally:
