@@ -1,6 +1,6 @@
-"""Metadata benchmark: create many topics on a local cluster (3 controllers, 3 brokers as
-separate ``runnel node`` processes), then measure the snapshot and a broker's cold catch-up,
-against raw baselines measured in the same run.
+"""Metadata benchmark: create many topics on a local cluster (3 controllers and 3 brokers as
+separate ``runnel node`` processes, plus a spare broker), then measure a broker's cold catch-up
+and the snapshot, against raw baselines measured in the same run.
 
 How this works. In order:
 
@@ -8,23 +8,30 @@ How this works. In order:
                  reference, their replay into an image); a gRPC server that answers
                  CreateTopics at once, sent the same requests the same way
                  (``bench/metadata_baselines.py``);
-  2. create      ``topics`` topics of ``partitions`` partitions through ``ControllerClient``,
+  2. create      the spare broker stopped and wiped first (it holds nothing); ``topics``
+                 topics of ``partitions`` partitions through ``ControllerClient``,
                  ``concurrency`` CreateTopics of ``topics_per_request`` topics in flight: wall
                  time, every node's CPU seconds (/proc), request latencies; then the time
                  until every broker has reported the last offset (``bench/metadata_phases.py``);
-  3. catch-up    one broker stopped (controlled shutdown), its data dir wiped, started again:
-                 the time until its reported metadata offset reaches the controller's, with
-                 a snapshot on the controller so that it must fetch one;
-  4. snapshot    the active controller's latest snapshot file: size, load time, encode time
-                 and the loaded image's memory, in a fresh process after the cluster stopped
-                 (``bench/metadata_snapshot.py``).
+  3. catch-up    the spare started again on its empty data dir: the time until its reported
+                 metadata offset reaches the controller's, fetching the controller's snapshot
+                 and then the log after it (``bench/metadata_catch_up.py``);
+  4. loaded stop one of the brokers holding topics stopped (controlled shutdown): how long,
+                 and whether the controller failed over meanwhile;
+  5. snapshot    the active controller's latest snapshot file (as of step 3): size, load
+                 time, encode time and the loaded image's memory, in a fresh process after
+                 the cluster stopped (``bench/metadata_snapshot.py``).
+
+The spare is there because stopping a broker that holds the topics makes the controller write
+one partition change per partition it holds in one decision (step 4 shows what that does);
+a wiped broker's catch-up is the same whether or not it held replicas before.
 
 The cluster is ``runnel.local_cluster`` + ``runnel.supervisor`` with the defaults of ``runnel
 cluster up`` except ``metadata_snapshot_bytes`` (``--snapshot-bytes``). The default 20 MiB
 would never be reached by this much metadata, and the catch-up must find a snapshot; unless
-given, it is set 10% above the bytes of the records the creation writes, so that, as with the
-default, no snapshot falls inside the timed creation, and the records of the broker's
-controlled shutdown then cross it on every node.
+given, it is 95% of the bytes of the records the creation writes, so every node takes one
+snapshot near the end of the creation (inside the timed part) and the catch-up fetches it and
+replays the rest from the log.
 
 Usage: ``python -m bench.metadata [--quick] [--topics N] [--partitions P] [--brokers B]
 [--dir DIR]``. ``--quick`` does a tenth of the work. The last line printed is one JSON object
@@ -48,9 +55,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.metadata_baselines import baseline_server, measure_baselines
+from bench.metadata_catch_up import bench_catch_up, bench_loaded_stop, prepare_spare
 from bench.metadata_cluster import BenchCluster, snapshot_setting
 from bench.metadata_figures import REPO, Params, Results
-from bench.metadata_phases import bench_catch_up, bench_create
+from bench.metadata_phases import bench_create
 from bench.metadata_report import print_table, report
 from bench.metadata_snapshot import measure_file, measure_snapshot
 
@@ -117,12 +125,17 @@ async def run(root: Path, params: Params) -> Results:
         with snapshot_setting(snapshot_bytes):
             cluster.start()
             await cluster.wait_healthy()
+            prepare_spare(cluster)
             create = await bench_create(cluster, params)
             print(f"created: {create.wall_s:.2f} s, {create.partitions:,} partitions", flush=True)
             _check_created(params, create.topics, create.partitions)
             catch_up = await bench_catch_up(cluster, create.active_controller)
             print(f"catch-up: {catch_up.catch_up_s:.2f} s", flush=True)
-            snapshot_file = cluster.snapshots(create.active_controller)[-1]
+            latest = cluster.snapshots(create.active_controller)[-1]
+            snapshot_file = root / latest.name  # a later snapshot would delete it there
+            shutil.copyfile(latest, snapshot_file)
+            loaded_stop = await bench_loaded_stop(cluster)
+            print(f"loaded broker stopped: {loaded_stop.stop_s:.2f} s", flush=True)
     except BaseException:
         print(cluster.log_tail(list(cluster.supervisor.managed)), file=sys.stderr)
         raise
@@ -130,7 +143,7 @@ async def run(root: Path, params: Params) -> Results:
         await cluster.close()
         cluster.stop()
     snapshot = measure_snapshot(snapshot_file)
-    return Results(params, baselines, create, catch_up, snapshot)
+    return Results(params, baselines, create, catch_up, loaded_stop, snapshot)
 
 
 def _check_created(params: Params, topics: int, partitions: int) -> None:

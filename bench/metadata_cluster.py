@@ -2,7 +2,9 @@
 
 How this works. ``BenchCluster`` is a ``runnel.local_cluster.ClusterSpec`` (controllers 1..C,
 brokers 101..100+B, on a free block of ports) run by a ``runnel.supervisor.Supervisor`` with
-restarts off: a node that dies fails the run. Every node gets the benchmark's
+restarts off: a node that dies fails the run. One more broker than the ``B`` that hold the
+topics runs: the *spare*, 101+B, which the benchmark stops (holding nothing) before the
+creation and starts again, wiped, for the cold catch-up. Every node gets the benchmark's
 ``metadata_snapshot_bytes`` through ``RUNNEL_CONTROLLER__METADATA_SNAPSHOT_BYTES`` (the
 supervisor passes this process's environment on); nothing else differs from ``runnel cluster
 up``. The cluster is read only through the controllers' gRPC API (``DescribeCluster``), the
@@ -67,12 +69,13 @@ class BenchCluster:
     """The cluster under test. Use from one event loop."""
 
     def __init__(self, root: Path, params: Params) -> None:
-        nodes = params.controllers + params.brokers
-        self.spec = ClusterSpec(params.controllers, params.brokers, root, free_base_port(nodes))
+        brokers = params.brokers + 1  # the spare
+        nodes = params.controllers + brokers
+        self.spec = ClusterSpec(params.controllers, brokers, root, free_base_port(nodes))
         self.supervisor = Supervisor(self.spec, restart=False)
         policy = RetryPolicy(timeout_ms=RPC_TIMEOUT_MS, rpc_timeout_ms=RPC_TIMEOUT_MS)
         self.client = ControllerClient(self.spec.controller_addresses(), policy)
-        self.broker_ids = [n.node_id for n in self.spec.nodes() if not n.is_controller]
+        *self.broker_ids, self.spare = [n.node_id for n in self.spec.nodes() if not n.is_controller]
 
     # -- processes ---------------------------------------------------------------------------
     def start(self) -> list[int]:
@@ -142,13 +145,14 @@ class BenchCluster:
         return response
 
     async def wait_healthy(self) -> cpb.DescribeClusterResponse:
-        """Every broker registered and unfenced; the last DescribeCluster answer."""
+        """Every broker (the spare too) registered and unfenced; the last DescribeCluster
+        answer."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             self.check_alive()
             response = await self.describe()
             unfenced = {b.broker_id for b in response.brokers if not b.fenced}
-            if unfenced >= set(self.broker_ids):
+            if unfenced >= {*self.broker_ids, self.spare}:
                 return response
             if time.monotonic() > deadline:
                 raise TimeoutError(f"brokers not unfenced after {START_TIMEOUT_S} s: {response}")

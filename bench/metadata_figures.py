@@ -18,6 +18,7 @@ __all__ = [
     "Baselines",
     "CatchUp",
     "CreatePhase",
+    "LoadedStop",
     "Distribution",
     "Params",
     "Results",
@@ -30,6 +31,7 @@ CREATE_TIMEOUT_S = 1800.0  # the whole creation, however slow
 CATCH_UP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0  # a broker's controlled shutdown, then SIGKILL
 SNAPSHOT_WAIT_S = 30.0  # for the controller's first snapshot, before the catch-up
+SETTLE_S = 30.0  # after a loaded broker's stop began: then the controller epoch is read
 DESCRIBE_INTERVAL_S = 0.5  # DescribeCluster polls (each is a pass over every partition)
 FILE_POLL_S = 0.02  # the restarted broker's log and snapshot directory
 RPC_TIMEOUT_MS = 120_000  # one CreateTopics waits for its commit: never retried by timeout
@@ -38,10 +40,10 @@ TARGET_PARTITIONS = 100_000
 TARGET_CREATE_S = 60.0  # issue 4: 100,000 partitions created in <= 60 s
 TARGET_CATCH_UP_S = 10.0  # issue 4: a broker's catch-up from a snapshot in <= 10 s
 KIB = 1024
-# metadata_snapshot_bytes, unless given: this much above the creation's record bytes, so that
-# (as with the default 20 MiB) no snapshot falls inside the timed creation, while the records
-# of the broker's controlled shutdown that follows cross it: every node has a snapshot then.
-SNAPSHOT_HEADROOM = 1.1
+# metadata_snapshot_bytes, unless given: this share of the creation's record bytes, so that
+# every node takes one snapshot near the end of the creation, and a broker catching up fetches
+# it and then replays the rest of the log (the default 20 MiB is never reached by this run).
+SNAPSHOT_SHARE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +106,7 @@ class CreatePhase:
 
 @dataclass(frozen=True, slots=True)
 class CatchUp:
-    broker_id: int
-    stop_s: float  # SIGTERM (controlled shutdown) until the process was gone
-    stop_exit: str
+    broker_id: int  # the spare
     target_offset: int  # the controller's metadata offset when the broker was started again
     controller_log_start: int  # the end offset of the controller's latest snapshot by then
     started_s: float  # until the process printed "ready node"
@@ -114,6 +114,15 @@ class CatchUp:
     catch_up_s: float  # until DescribeCluster showed its reported offset >= target
     unfenced_s: float  # until DescribeCluster showed it unfenced
     snapshot_end_offset: int | None  # of the snapshot it fetched
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedStop:
+    broker_id: int
+    stop_s: float  # SIGTERM (controlled shutdown) until the process was gone
+    stop_exit: str
+    epoch_before: int
+    epoch_after: int | None  # SETTLE_S after the stop began; None: no controller answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +153,8 @@ class Baselines:
     grpc_create_s: float  # the run's requests, pipelined the same way, to that server
 
     def snapshot_bytes(self) -> int:
-        """The automatic metadata_snapshot_bytes (see SNAPSHOT_HEADROOM), whole KiB."""
-        return -(-int(self.record_bytes * SNAPSHOT_HEADROOM) // KIB) * KIB
+        """The automatic metadata_snapshot_bytes (see SNAPSHOT_SHARE), whole KiB."""
+        return int(self.record_bytes * SNAPSHOT_SHARE) // KIB * KIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,4 +163,5 @@ class Results:
     baselines: Baselines
     create: CreatePhase
     catch_up: CatchUp
+    loaded_stop: LoadedStop
     snapshot: SnapshotFigures

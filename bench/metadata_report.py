@@ -100,7 +100,6 @@ def _catch_up_rows(r: Results) -> list[str]:
             f"broker {u.broker_id} cold catch-up to offset {u.target_offset:,}",
             f"(controller log starts {u.controller_log_start:,})",
         ),
-        _row("  stop (controlled shutdown)", f"{u.stop_s:.2f} s ({u.stop_exit})"),
         _row("  process ready", f"{u.started_s:.2f} s"),
         _row(f"  snapshot fetched (ends {u.snapshot_end_offset})", fetched),
         _row(
@@ -113,15 +112,25 @@ def _catch_up_rows(r: Results) -> list[str]:
     ]
 
 
+def _loaded_stop_rows(r: Results) -> list[str]:
+    s = r.loaded_stop
+    after = "no answer" if s.epoch_after is None else str(s.epoch_after)
+    return [
+        _row(f"broker {s.broker_id} stopped (holding topics)", f"{s.stop_s:.2f} s ({s.stop_exit})"),
+        _row("  controller epoch before / 30 s after", f"{s.epoch_before} / {after}"),
+    ]
+
+
 def print_table(params: Params, r: Results) -> None:
     print(
         f"\n{params.topics:,} topics x {params.partitions} partitions (replication factor "
         f"{params.replication_factor}) on {params.controllers} controllers + {params.brokers} "
-        f"brokers; {params.concurrency} CreateTopics of {params.topics_per_request} topics in "
+        f"brokers (+ 1 spare); {params.concurrency} CreateTopics of {params.topics_per_request} topics in "
         f"flight; metadata_snapshot_bytes {params.snapshot_bytes:,}"
     )
     print(_row("figure", "runnel", "baseline", "ratio"))
-    for line in [*_create_rows(params, r), *_snapshot_rows(r), *_catch_up_rows(r)]:
+    rows = [*_create_rows(params, r), *_snapshot_rows(r), *_catch_up_rows(r)]
+    for line in [*rows, *_loaded_stop_rows(r)]:
         print(line)
     if r.create.errors:
         print(f"  refused topics: {r.create.errors}")
@@ -148,6 +157,13 @@ def report(params: Params, r: Results, load_at_start: float, elapsed_s: float) -
     out["create"] = _create_json(r)
     out["snapshot"] = _snapshot_json(r)
     out["catch_up"] = _catch_up_json(r)
+    out["loaded_stop"] = {
+        "broker": r.loaded_stop.broker_id,
+        "stop_s": round(r.loaded_stop.stop_s, 3),
+        "stop_exit": r.loaded_stop.stop_exit,
+        "controller_epoch_before": r.loaded_stop.epoch_before,
+        "controller_epoch_after": r.loaded_stop.epoch_after,
+    }
     out["params"] = {
         "quick": params.quick,
         "topics": params.topics,
@@ -155,6 +171,7 @@ def report(params: Params, r: Results, load_at_start: float, elapsed_s: float) -
         "replication_factor": params.replication_factor,
         "controllers": params.controllers,
         "brokers": params.brokers,
+        "spare_brokers": 1,
         "concurrency": params.concurrency,
         "topics_per_request": params.topics_per_request,
         "metadata_snapshot_bytes": params.snapshot_bytes,
@@ -236,8 +253,6 @@ def _catch_up_json(r: Results) -> dict[str, Any]:
     fetched = u.snapshot_fetched_s
     return {
         "broker": u.broker_id,
-        "stop_s": round(u.stop_s, 3),
-        "stop_exit": u.stop_exit,
         "target_offset": u.target_offset,
         "controller_log_start": u.controller_log_start,
         "process_ready_s": round(u.started_s, 3),
