@@ -140,11 +140,11 @@ def alter_partition(
     _check_leader(image, p, request)
     new_isr = _checked_isr(image, p, request)
     if set(new_isr) == set(p.isr):
-        return Outcome((), cpb.AlterPartitionResponse(partition=_partition_record(p)))
+        return Outcome((), cpb.AlterPartitionResponse(partition=partition_record(p)))
     change = pb.PartitionChangeRecord(
         topic_id=p.topic_id, partition_id=p.partition_id, isr=pb.BrokerIds(ids=new_isr)
     )
-    after = _partition_record(p)
+    after = partition_record(p)
     after.ClearField("isr")
     after.isr.extend(new_isr)
     after.partition_epoch = p.partition_epoch + 1
@@ -317,7 +317,8 @@ def _change(p: PartitionState, leader: int, isr: tuple[int, ...]) -> pb.Metadata
     return pb.MetadataRecord(partition_change=change)
 
 
-def _partition_record(p: PartitionState) -> pb.PartitionRecord:
+def partition_record(p: PartitionState) -> pb.PartitionRecord:
+    """The full record of a partition's current state."""
     return pb.PartitionRecord(
         topic_id=p.topic_id,
         partition_id=p.partition_id,

@@ -294,16 +294,9 @@ def describe_topics(image: MetadataImage, names: Sequence[str]) -> cpb.DescribeT
             described.error = cpb.UNKNOWN_TOPIC_OR_PARTITION
             continue
         described.topic_id = topic.topic_id
-        for p in (topic.partitions[i] for i in sorted(topic.partitions)):
-            described.partitions.add(
-                topic_id=p.topic_id,
-                partition_id=p.partition_id,
-                replicas=p.replicas,
-                isr=p.isr,
-                leader=p.leader,
-                leader_epoch=p.leader_epoch,
-                partition_epoch=p.partition_epoch,
-            )
+        described.partitions.extend(
+            elections.partition_record(topic.partitions[i]) for i in sorted(topic.partitions)
+        )
         entries = image.configs.get((int(ConfigResourceType.TOPIC), name), {})
         for key in sorted(entries):
             described.configs.add(name=key, value=entries[key])

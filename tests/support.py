@@ -1,7 +1,13 @@
-"""Helpers shared by the tests: a settable clock and a compact batch builder."""
+"""Helpers shared by the tests: a settable clock, a compact batch builder, an import
+checker for pure modules, and fast Raft timeouts for in-process clusters."""
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+from raft.core import RaftConfig
 from storage.batch import CompressionType
 from storage.records import RecordInput, build_batch
 
@@ -44,3 +50,30 @@ def make_batch(
         base_sequence=base_sequence,
         partition_leader_epoch=partition_leader_epoch,
     )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Raft timeouts for in-process clusters: elections in a few hundred milliseconds.
+FAST_RAFT = RaftConfig(
+    election_timeout_ms=150,
+    election_backoff_max_ms=100,
+    fetch_timeout_ms=600,
+    fetch_max_wait_ms=100,
+    append_linger_ms=2,
+    request_timeout_ms=300,
+)
+
+
+def assert_imports_none_of(paths: Iterable[str], banned: set[str]) -> None:
+    """Each module (path from the repository root) imports no module named in ``banned``."""
+    for path in paths:
+        tree = ast.parse((REPO / path).read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{path} imports {name}"
