@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import FAST_RAFT
 
 from controller.config import ControllerConfig
 from controller.image import MetadataImage
@@ -18,18 +19,10 @@ from controller.quorum import NotController, QuorumController
 from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
-from raft.core import RaftConfig
 from raft.driver import RaftNode, RaftNodeConfig
 from raft.transport import LocalHub
 
-FAST = RaftConfig(
-    election_timeout_ms=150,
-    election_backoff_max_ms=100,
-    fetch_timeout_ms=600,
-    fetch_max_wait_ms=100,
-    append_linger_ms=2,
-    request_timeout_ms=300,
-)
+FAST = FAST_RAFT
 VOTERS = frozenset({1, 2, 3})
 
 

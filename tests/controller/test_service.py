@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc.aio
+from support import FAST_RAFT
 
 from controller.client import ControllerClient, RetryPolicy
 from controller.config import ControllerConfig
@@ -21,19 +22,11 @@ from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
 from proto import controller_pb2_grpc
 from proto import metadata_pb2 as mpb
-from raft.core import RaftConfig
 from raft.driver import RaftNode, RaftNodeConfig
 from raft.testing.processes import free_ports
 from raft.transport import GrpcTransport
 
-FAST = RaftConfig(
-    election_timeout_ms=150,
-    election_backoff_max_ms=100,
-    fetch_timeout_ms=600,
-    fetch_max_wait_ms=100,
-    append_linger_ms=2,
-    request_timeout_ms=300,
-)
+FAST = FAST_RAFT
 VOTERS = (1, 2, 3)
 
 

@@ -10,19 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support import FAST_RAFT
 
 from raft.core import NotLeader, RaftConfig
 from raft.driver import RaftNode, RaftNodeConfig
 from raft.messages import Envelope
 
-FAST = RaftConfig(
-    election_timeout_ms=150,
-    election_backoff_max_ms=100,
-    fetch_timeout_ms=600,
-    fetch_max_wait_ms=100,
-    append_linger_ms=2,
-    request_timeout_ms=300,
-)
+FAST = FAST_RAFT
 
 
 class Counter:
