@@ -571,6 +571,10 @@ def test_the_digest_is_computed_once_per_image_and_not_compared(
     assert image.digest() == image.digest() == other.digest()
     assert len(calls) == 2  # once for each image
     assert image == other and image == cluster()  # a cached digest is not part of equality
+    idle = replay(image, rec.no_op(), rec.fence_broker(1, 9))  # a no-op and a stale record
+    assert idle.digest() == image.digest() and len(calls) == 2  # carried over, not computed
+    changed = replay(idle, rec.fence_broker(1, 10))
+    assert changed.digest() != image.digest() and len(calls) == 3
 
 
 # -- the property: replay, snapshot, decode --------------------------------------------------
