@@ -125,8 +125,9 @@ def print_table(params: Params, r: Results) -> None:
     print(
         f"\n{params.topics:,} topics x {params.partitions} partitions (replication factor "
         f"{params.replication_factor}) on {params.controllers} controllers + {params.brokers} "
-        f"brokers (+ 1 spare); {params.concurrency} CreateTopics of {params.topics_per_request} topics in "
-        f"flight; metadata_snapshot_bytes {params.snapshot_bytes:,}"
+        f"brokers (+ 1 spare); {params.concurrency} CreateTopics of "
+        f"{params.topics_per_request} topics in flight; metadata_snapshot_bytes "
+        f"{params.snapshot_bytes:,}"
     )
     print(_row("figure", "runnel", "baseline", "ratio"))
     rows = [*_create_rows(params, r), *_snapshot_rows(r), *_catch_up_rows(r)]
