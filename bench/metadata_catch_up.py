@@ -8,10 +8,11 @@ How this works.
              Target: the controller's metadata offset at that moment; the controller's latest
              snapshot must lie past offset 0 (checked first), so the leader answers the
              broker's first fetch with the snapshot, and the rest comes from the log. Timed
-             from the start: the process printing "ready node", a snapshot file appearing in
-             its data dir (polled every 20 ms), DescribeCluster showing its reported metadata
-             offset at or past the target (polled every 0.5 s: catch-up), and showing it
-             unfenced.
+             from the start: the process printing "ready node", its Raft node logging that it
+             observes a leader, a snapshot file appearing in its data dir, its Raft node
+             logging the snapshot loaded (log and directory polled every 20 ms),
+             DescribeCluster showing its reported metadata offset at or past the target
+             (polled every 0.5 s: catch-up), and showing it unfenced.
   loaded     last, one of the brokers holding topics is stopped (SIGTERM: a controlled
   stop       shutdown, which must move every leadership it holds and take it out of every
              ISR), SIGKILL after ``STOP_TIMEOUT_S``: how long it took, how it ended, and how
@@ -60,7 +61,9 @@ async def bench_catch_up(cluster: BenchCluster, controller_id: int) -> CatchUp:
         target_offset=target,
         controller_log_start=log_start,
         started_s=times["started"],
+        observer_s=times.get("observer"),
         snapshot_fetched_s=times.get("snapshot"),
+        snapshot_loaded_s=times.get("loaded"),
         catch_up_s=times["caught_up"],
         unfenced_s=times["unfenced"],
         snapshot_end_offset=snapshot_end_offset(fetched[0]) if fetched else None,
@@ -86,11 +89,17 @@ async def _watch_catch_up(
     """Seconds from ``started`` to each event (module doc)."""
     times: dict[str, float] = {}
     next_describe = started
+    marks = {
+        "started": "ready node",
+        "observer": f"raft {broker}: observer@",
+        "loaded": "loaded the leader's snapshot",
+    }
     async with asyncio.timeout(CATCH_UP_TIMEOUT_S):
         while not {"caught_up", "unfenced", "started"} <= times.keys():
             now = time.monotonic()
-            if "started" not in times and cluster.log_says(broker, "ready node", since):
-                times["started"] = now - started
+            for event, text in marks.items():
+                if event not in times and cluster.log_says(broker, text, since):
+                    times[event] = now - started
             if "snapshot" not in times and cluster.snapshots(broker):
                 times["snapshot"] = now - started
             if now >= next_describe:

@@ -110,7 +110,9 @@ class CatchUp:
     target_offset: int  # the controller's metadata offset when the broker was started again
     controller_log_start: int  # the end offset of the controller's latest snapshot by then
     started_s: float  # until the process printed "ready node"
+    observer_s: float | None  # until its Raft node logged that it observes a leader
     snapshot_fetched_s: float | None  # until a snapshot file appeared in its data dir
+    snapshot_loaded_s: float | None  # until its Raft node logged the snapshot loaded
     catch_up_s: float  # until DescribeCluster showed its reported offset >= target
     unfenced_s: float  # until DescribeCluster showed it unfenced
     snapshot_end_offset: int | None  # of the snapshot it fetched

@@ -92,16 +92,21 @@ def _snapshot_rows(r: Results) -> list[str]:
     ]
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def _catch_up_rows(r: Results) -> list[str]:
     u, s = r.catch_up, r.snapshot
-    fetched = "-" if u.snapshot_fetched_s is None else f"{u.snapshot_fetched_s:.2f} s"
     return [
         _row(
             f"broker {u.broker_id} cold catch-up to offset {u.target_offset:,}",
             f"(controller log starts {u.controller_log_start:,})",
         ),
         _row("  process ready", f"{u.started_s:.2f} s"),
-        _row(f"  snapshot fetched (ends {u.snapshot_end_offset})", fetched),
+        _row("  observing the Raft leader", _seconds(u.observer_s)),
+        _row(f"  snapshot fetched (ends {u.snapshot_end_offset})", _seconds(u.snapshot_fetched_s)),
+        _row("  snapshot loaded", _seconds(u.snapshot_loaded_s)),
         _row(
             "  caught up (reported offset)",
             f"{u.catch_up_s:.2f} s",
@@ -249,15 +254,20 @@ def _snapshot_json(r: Results) -> dict[str, Any]:
     }
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def _catch_up_json(r: Results) -> dict[str, Any]:
     u = r.catch_up
-    fetched = u.snapshot_fetched_s
     return {
         "broker": u.broker_id,
         "target_offset": u.target_offset,
         "controller_log_start": u.controller_log_start,
         "process_ready_s": round(u.started_s, 3),
-        "snapshot_fetched_s": None if fetched is None else round(fetched, 3),
+        "observer_s": _rounded(u.observer_s),
+        "snapshot_fetched_s": _rounded(u.snapshot_fetched_s),
+        "snapshot_loaded_s": _rounded(u.snapshot_loaded_s),
         "fetched_snapshot_end_offset": u.snapshot_end_offset,
         "unfenced_s": round(u.unfenced_s, 3),
     }
