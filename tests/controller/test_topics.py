@@ -180,6 +180,22 @@ def test_a_load_passed_in_is_used_instead_of_counting() -> None:
     assert replicas_of(replay(image, outcome.records), tid(1000), 0) == (2,)
 
 
+def test_the_load_comes_from_the_image_without_a_pass_over_the_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = cluster(("r1", "r2"))
+    image = replay(image, create(image, topic("a", 1, 1), new_topic_id=ids(1)).records)
+    held = replicas_of(image, tid(1), 0)[0]
+    assert image.broker_load == replica_load(image) == {held: (1, 1)}
+
+    def no_counting(*args: object) -> None:
+        raise AssertionError("create_topics counted the load by a pass over every partition")
+
+    monkeypatch.setattr("controller.topics.count_load", no_counting)
+    outcome = create(image, topic("b", 1, 1), new_topic_id=ids(2))
+    assert replicas_of(replay(image, outcome.records), tid(2), 0) != (held,)  # the idle broker
+
+
 def test_minus_one_takes_the_cluster_defaults() -> None:
     image = cluster()
     outcome = create(image, topic("orders"))
