@@ -16,6 +16,8 @@ wrote the log: it raises, which stops the node loudly rather than serving a wron
 
 from __future__ import annotations
 
+import asyncio
+
 from controller.image import MetadataDelta, MetadataImage, decode_snapshot, encode_snapshot
 from controller.records import decode
 
@@ -23,12 +25,20 @@ __all__ = ["MetadataStateMachine"]
 
 
 class MetadataStateMachine:
-    """``raft.driver.StateMachine`` for the metadata log. Use from the node's event loop."""
+    """``raft.driver.StateMachine`` for the metadata log. Use from the node's event loop;
+    other threads read ``published`` only."""
 
     def __init__(self) -> None:
         self._image = MetadataImage.EMPTY
         self._delta: MetadataDelta | None = None
+        self._publish_scheduled = False
         self.records_applied = 0
+
+    @property
+    def published(self) -> MetadataImage:
+        """The latest image built, for readers on other threads (metrics): it never builds,
+        so it may trail ``image`` by the records of the current event-loop turn."""
+        return self._image
 
     @property
     def image(self) -> MetadataImage:
@@ -43,6 +53,23 @@ class MetadataStateMachine:
             self._delta = MetadataDelta(self._image)
         self._delta.replay(decode(record), offset)
         self.records_applied += 1
+        self._schedule_publish()
+
+    def _schedule_publish(self) -> None:
+        """Build the image once the current burst of records is applied (next loop turn),
+        so ``published`` stays fresh on nodes where nobody asks for ``image``."""
+        if self._publish_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no event loop (tools, tests): ``image`` builds on demand
+        self._publish_scheduled = True
+        loop.call_soon(self._publish)
+
+    def _publish(self) -> None:
+        self._publish_scheduled = False
+        self.image  # noqa: B018  (builds and keeps it)
 
     def snapshot(self) -> bytes:
         return encode_snapshot(self.image)

@@ -61,7 +61,7 @@ class NodeCollector(Collector):
         for name in RAFT_ROLES:
             role.add_metric([node_id, name], 1.0 if raft.role == name else 0.0)
         yield role
-        image = node.machine.image
+        image = node.machine.published  # never node.machine.image: that builds, on the loop
         info = GaugeMetricFamily(
             "runnel_metadata_image",
             "The applied image: its last offset and digest (1; compare across nodes)",
