@@ -3,9 +3,12 @@ Ready in order (quorum state, log write + fsync, sends, commits, log deletion) a
 API the state machine above uses.
 
 One task runs the loop: wait for a message or the core's next deadline, call the core, apply
-the Ready. Proposals wait in a queue that the loop hands to the core in one call (everything
-proposed while the previous Ready was being carried out becomes one batch, as KRaft's
-accumulator does). The loop and snapshots call the core under one lock, so the core sees
+the Ready. Committed records go to the state machine a chunk at a time
+(``APPLY_CHUNK_RECORDS``): the first chunk within the Ready, the rest from a second task that
+takes the lock chunk by chunk, so the loop keeps answering while a huge commit is applied.
+Proposals wait in a queue that the loop hands to the core in one call (everything proposed
+while the previous Ready was being carried out becomes one batch, as KRaft's accumulator
+does). The loop and snapshots call the core under one lock, so the core sees
 one caller at a time and every Ready is complete before the next call, as the core assumes.
 Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
 """
@@ -38,6 +41,7 @@ from raft.snapshots import SnapshotStore
 __all__ = ["NotLeader", "RaftNode", "RaftNodeConfig", "StateMachine", "Transport"]
 
 _log = logging.getLogger(__name__)
+APPLY_CHUNK_RECORDS = 2_000  # committed records applied before the Raft loop may run again
 
 
 class StateMachine(Protocol):
@@ -113,6 +117,9 @@ class RaftNode:
         self._last_snapshot_ms = _now_ms()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._applier: asyncio.Task[None] | None = None
+        self._commit_target = 0  # committed: apply up to here
+        self._apply_wanted = asyncio.Event()
         self._core = self._restore()
         transport.set_receiver(self._receive)
         transport.set_unreachable_listener(self._peer_unreachable)
@@ -138,16 +145,20 @@ class RaftNode:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.node_id}")
+        self._applier = asyncio.create_task(
+            self._apply_in_background(), name=f"raft-{self.config.node_id}-apply"
+        )
 
     async def close(self) -> None:
         """Stop; a leader first resigns (EndQuorumEpoch) so the others elect at once."""
         if self._task is not None and self._core.role == "leader":
             async with self._lock:
                 await self._apply(self._core.resign(_now_ms()))
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._applier):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._fail_pending()
         await asyncio.to_thread(self._log.close)
 
@@ -326,35 +337,64 @@ class RaftNode:
         )
 
     async def _commit(self, commit_offset: int) -> None:
+        """Apply newly committed records: a first chunk now, the rest in the background a
+        chunk at a time, so a huge commit (a broker holding 100,000 partitions fenced) does
+        not stop this node from answering fetches and votes for seconds."""
         self._log.set_high_watermark(commit_offset)
-        while self._applied_end < commit_offset:
+        self._commit_target = max(self._commit_target, commit_offset)
+        await self._apply_chunk()
+        if self._applied_end < self._commit_target:
+            self._apply_wanted.set()
+
+    async def _apply_in_background(self) -> None:
+        while True:
+            await self._apply_wanted.wait()
+            self._apply_wanted.clear()
+            while self._applied_end < self._commit_target:
+                await asyncio.sleep(0)  # the Raft loop may take the lock first
+                async with self._lock:
+                    await self._apply_chunk()
+                self._changed.set()
+
+    async def _apply_chunk(self) -> None:
+        """Apply whole batches from the applied end towards the commit target until about
+        ``APPLY_CHUNK_RECORDS`` records are done; answer proposals that are applied; take a
+        snapshot when one is due. Runs under the lock (the log store is single-user)."""
+        target, applied = self._commit_target, 0
+        while self._applied_end < target and applied < APPLY_CHUNK_RECORDS:
             batches = self._log.read(self._applied_end, 1024 * 1024)
             if not batches:
                 break
             for batch in batches:
-                if batch.next_offset <= self._applied_end or batch.base_offset >= commit_offset:
+                if batch.next_offset <= self._applied_end or batch.base_offset >= target:
                     continue
                 if not batch.is_control:
                     for i, record in enumerate(decode_records(batch.data)):
                         self._machine.apply(batch.base_offset + i, record)
                         self._since_snapshot += 1
                         self._since_snapshot_bytes += len(record)
+                    applied += batch.next_offset - batch.base_offset
                 self._applied_end, self._applied_epoch = batch.next_offset, batch.epoch
+                if applied >= APPLY_CHUNK_RECORDS:
+                    break
         pending = self._pending
-        while pending and pending[0][0] < commit_offset:
+        while pending and pending[0][0] < self._applied_end:
             offset, future = pending.popleft()
             if not future.done():
                 future.set_result(offset)
+        if self._snapshot_due():
+            await self._take_snapshot()
+
+    def _snapshot_due(self) -> bool:
         config = self.config
-        if (
+        return (
             self._since_snapshot >= config.snapshot_interval_records
             or self._since_snapshot_bytes >= config.snapshot_interval_bytes
             or (
                 self._since_snapshot > 0
                 and _now_ms() - self._last_snapshot_ms >= config.snapshot_interval_ms
             )
-        ):
-            await self._take_snapshot()
+        )
 
     async def _take_snapshot(self) -> None:
         snapshot = SnapshotId(self._applied_end, self._applied_epoch)

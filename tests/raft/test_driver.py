@@ -13,7 +13,7 @@ import pytest
 from support import FAST_RAFT
 
 from raft.core import NotLeader, RaftConfig
-from raft.driver import RaftNode, RaftNodeConfig
+from raft.driver import APPLY_CHUNK_RECORDS, RaftNode, RaftNodeConfig
 from raft.messages import Envelope
 
 FAST = FAST_RAFT
@@ -273,6 +273,27 @@ def test_a_snapshot_is_taken_once_its_interval_has_passed_and_there_is_news(
             async with asyncio.timeout(10):
                 while not list(directory.glob("*.checkpoint")):
                     await asyncio.sleep(0.01)
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_a_commit_larger_than_an_apply_chunk_is_applied_in_full_and_in_order(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        try:
+            for node_id in (1, 2, 3):
+                await cluster.start(node_id)
+            leader = await cluster.leader()
+            big = [b"r%d" % i for i in range(APPLY_CHUNK_RECORDS * 2 + 7)]
+            last = await leader.propose(big)  # answered once every record is applied
+            assert cluster.machines[leader.config.node_id].records == big
+            await leader.propose([b"after"])
+            await cluster.converge([*big, b"after"])
+            assert last == leader.applied_end - 2  # the next proposal's record follows it
         finally:
             await cluster.close()
 
