@@ -232,12 +232,16 @@ def _unfenced_heartbeat(
     """(records, fenced after, should shut down) for an unfenced broker."""
     broker_id = reg.broker_id
     if request.want_fence:
-        return elections.fence_broker(image, broker_id, unclean), True, request.want_shutdown
+        fence = elections.fence_broker(image, broker_id, unclean)
+        done = elections.includes_fence(fence)
+        return fence, done, done and request.want_shutdown
     if not (request.want_shutdown or reg.in_controlled_shutdown):
         return [], False, False
     if not image.leaders_of(broker_id):
         # Nothing left to hand over: let it go, fenced so that it leaves every ISR.
-        return elections.fence_broker(image, broker_id, unclean), True, True
+        fence = elections.fence_broker(image, broker_id, unclean)
+        done = elections.includes_fence(fence)
+        return fence, done, done
     moves = elections.move_leaders_away(image, broker_id)
     if reg.in_controlled_shutdown:
         return moves, False, False
@@ -258,8 +262,9 @@ def fence_expired_brokers(
     unclean: bool,
 ) -> Outcome[list[int]]:
     """Fences every unfenced broker whose session expired, in broker id order; the answer is
-    their ids. Each fence is decided on the image the previous ones leave, so a partition
-    whose leader and its successor both expired still ends up with a live leader or none."""
+    the ids fenced (one in very many partitions takes several rounds: ``fence_broker``).
+    Each fence is decided on the image the previous ones leave, so a partition whose leader
+    and its successor both expired still ends up with a live leader or none."""
     expired = []
     for broker_id in sorted(image.brokers):
         reg = image.brokers[broker_id]
@@ -270,11 +275,14 @@ def fence_expired_brokers(
             expired.append(broker_id)
     records: Records = []
     current = image
+    fenced = []
     for broker_id in expired:
         fence = elections.fence_broker(current, broker_id, unclean)
         records += fence
         current = _replayed(current, fence)
-    return Outcome(tuple(records), expired)
+        if elections.includes_fence(fence):
+            fenced.append(broker_id)  # the others continue on the next round
+    return Outcome(tuple(records), fenced)
 
 
 def _current_session(

@@ -57,6 +57,11 @@ class ElectionResult(NamedTuple):
     message: str
 
 
+# Partition changes one decision may write (KRaft bounds a batch at 10,000 records): more
+# would stall the active controller's event loop for seconds at 100,000 partitions.
+MAX_PARTITION_CHANGES = 10_000
+
+
 def alive_brokers(image: MetadataImage) -> frozenset[int]:
     """Registered, unfenced and not in controlled shutdown: the brokers that may lead."""
     return frozenset(
@@ -67,32 +72,47 @@ def alive_brokers(image: MetadataImage) -> frozenset[int]:
 # -- brokers coming and going ------------------------------------------------------------------
 
 
-def fence_broker(image: MetadataImage, broker_id: int, unclean: bool) -> list[pb.MetadataRecord]:
-    """A FenceBrokerRecord and the partition changes that take ``broker_id`` out of ISRs and
-    leaderships (module doc); ``unclean`` allows electing an out-of-sync replica."""
+def fence_broker(
+    image: MetadataImage, broker_id: int, unclean: bool, limit: int = MAX_PARTITION_CHANGES
+) -> list[pb.MetadataRecord]:
+    """The partition changes that take ``broker_id`` out of ISRs and leaderships (module doc)
+    and, once they all fit in ``limit``, the FenceBrokerRecord after them. A broker in more
+    partitions is fenced over several decisions (``includes_fence`` tells which one ended
+    it): one decision stays small enough not to stall the controller's event loop.
+    ``unclean`` allows electing an out-of-sync replica."""
     reg = _registration(image, broker_id)
+    changes = remove_from_partitions(image, broker_id, unclean, limit)
+    if len(changes) >= limit:
+        return changes
     fence = pb.FenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
-    return [
-        pb.MetadataRecord(fence_broker=fence),
-        *remove_from_partitions(image, broker_id, unclean),
-    ]
+    return [*changes, pb.MetadataRecord(fence_broker=fence)]
 
 
-def move_leaders_away(image: MetadataImage, broker_id: int) -> list[pb.MetadataRecord]:
-    """For a controlled shutdown: every partition ``broker_id`` leads gets another leader from
-    its ISR (or none, if no other member is alive), and it leaves every ISR where others remain.
-    Never unclean: a broker shutting down cleanly is no reason to lose data."""
-    return remove_from_partitions(image, broker_id, unclean=False)
+def includes_fence(records: list[pb.MetadataRecord]) -> bool:
+    return any(r.WhichOneof("record") == "fence_broker" for r in records)
+
+
+def move_leaders_away(
+    image: MetadataImage, broker_id: int, limit: int = MAX_PARTITION_CHANGES
+) -> list[pb.MetadataRecord]:
+    """For a controlled shutdown: partitions ``broker_id`` leads get another leader from their
+    ISR (or none, if no other member is alive), and it leaves ISRs where others remain; at
+    most ``limit`` changes, the rest on the broker's next heartbeat. Never unclean: a broker
+    shutting down cleanly is no reason to lose data."""
+    return remove_from_partitions(image, broker_id, unclean=False, limit=limit)
 
 
 def remove_from_partitions(
-    image: MetadataImage, broker_id: int, unclean: bool
+    image: MetadataImage, broker_id: int, unclean: bool, limit: int = MAX_PARTITION_CHANGES
 ) -> list[pb.MetadataRecord]:
     """The partition changes for ``broker_id`` leaving (fenced, shutting down, or a previous
-    incarnation replaced): one record per partition whose ISR or leader changes."""
+    incarnation replaced): one record per partition whose ISR or leader changes, at most
+    ``limit`` of them (the first ones by topic id and partition id)."""
     alive = alive_brokers(image) - {broker_id}
-    records = []
+    records: list[pb.MetadataRecord] = []
     for p in image.replicas_of(broker_id):
+        if len(records) >= limit:
+            break
         if broker_id not in p.isr:
             continue
         isr = p.isr if len(p.isr) == 1 else tuple(b for b in p.isr if b != broker_id)

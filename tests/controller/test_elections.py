@@ -94,11 +94,30 @@ def changes(records: Iterable[pb.MetadataRecord]) -> dict[int, pb.PartitionChang
 def test_a_fenced_leader_is_replaced_by_the_first_live_isr_member() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
     records = elections.fence_broker(image, 1, unclean=False)
-    assert records[0] == rec.fence_broker(1, epoch_of(1))
+    assert records[-1] == rec.fence_broker(1, epoch_of(1))  # after the partition changes
     after = replay(image, records)
     assert after.brokers[1].fenced
     p = part(after, 0)
     assert (p.leader, p.isr, p.leader_epoch, p.partition_epoch) == (2, (2, 3), 1, 1)
+
+
+def test_a_broker_in_many_partitions_is_fenced_over_several_bounded_decisions() -> None:
+    image = cluster(partitions={i: ([1, 2, 3], [1, 2, 3], 1) for i in range(5)})
+    rounds = []
+    while not image.brokers[1].fenced:
+        records = elections.fence_broker(image, 1, unclean=False, limit=2)
+        assert len(records) <= 3  # two changes, and the fence once they all fit
+        rounds.append(elections.includes_fence(records))
+        image = replay(image, records)
+    assert rounds == [False, False, True]
+    assert all(part(image, i).leader == 2 and 1 not in part(image, i).isr for i in range(5))
+
+
+def test_a_controlled_shutdown_moves_a_bounded_number_of_leaders_per_heartbeat() -> None:
+    image = cluster(partitions={i: ([1, 2, 3], [1, 2, 3], 1) for i in range(5)})
+    moves = elections.move_leaders_away(image, 1, limit=2)
+    after = replay(image, moves)
+    assert sorted(p.leader for p in after.leaders_of(1)) == [1, 1, 1]
 
 
 def test_a_broker_in_controlled_shutdown_is_not_elected() -> None:
