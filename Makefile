@@ -35,6 +35,7 @@ test: lint typecheck unit
 bench: install
 	$(PY) -m bench.storage
 	$(PY) -m bench.raft
+	$(PY) -m bench.metadata
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis
