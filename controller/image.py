@@ -65,9 +65,6 @@ __all__ = [
 
 NO_LEADER = -1
 TOPIC_ID_BYTES = 16
-# The registration a snapshot writes (and at once unregisters) to carry the broker-epoch high
-# water mark when the broker that held it has unregistered: the schema has no record for it.
-_HIGH_WATER_BROKER_ID = -1
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -288,6 +285,9 @@ class MetadataDelta:
                 self._fence_broker(record.unfence_broker, fenced=False)
             case "broker_registration_change":
                 self._broker_registration_change(record.broker_registration_change)
+            case "broker_epoch_high_water":
+                mark = record.broker_epoch_high_water.broker_epoch
+                self._high_water = max(self._high_water, mark)
             case "topic":
                 self._add_topic(record.topic)
             case "partition":
@@ -589,11 +589,9 @@ def _broker_records(image: MetadataImage) -> list[MetadataRecord]:
     out = []
     high_water = image.broker_epoch_high_water
     if high_water > max((b.broker_epoch for b in image.brokers.values()), default=-1):
-        # The broker that registered the highest epoch has unregistered, and the schema has
-        # no record for the mark alone: say that some broker registered at that epoch and
-        # left, under an id no real broker has. Written first, so it cannot touch a real one.
-        out.append(rec.register_broker(_HIGH_WATER_BROKER_ID, high_water, b""))
-        out.append(rec.unregister_broker(_HIGH_WATER_BROKER_ID, high_water))
+        # The broker that registered the highest epoch has unregistered: keep the mark.
+        mark = pb.BrokerEpochHighWaterRecord(broker_epoch=high_water)
+        out.append(MetadataRecord(broker_epoch_high_water=mark))
     for broker_id in sorted(image.brokers):
         b = image.brokers[broker_id]
         out.append(

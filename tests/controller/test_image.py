@@ -483,6 +483,8 @@ def test_the_broker_epoch_high_water_mark_survives_a_snapshot() -> None:
     loaded = [decode_snapshot(encode_snapshot(image))]
     loaded.append(image_from_records(image.to_records(), image.offset))
     assert loaded == [image, image] and loaded[0].next_broker_epoch == 13
+    kinds = [r.WhichOneof("record") for r in image.to_records()]
+    assert "broker_epoch_high_water" in kinds and "unregister_broker" not in kinds
 
 
 def test_a_snapshot_holds_the_image_offset() -> None:
