@@ -184,17 +184,7 @@ def broker_heartbeat(
     fence triggers.
     """
     del now_ms
-    reg = image.brokers.get(request.broker_id)
-    if reg is None:
-        raise DecisionError(
-            cpb.BROKER_ID_NOT_REGISTERED, f"broker {request.broker_id} is not registered"
-        )
-    if reg.broker_epoch != request.broker_epoch:
-        raise DecisionError(
-            cpb.STALE_BROKER_EPOCH,
-            f"broker {request.broker_id} heartbeat at epoch {request.broker_epoch}; its "
-            f"registration has epoch {reg.broker_epoch}",
-        )
+    reg = elections.registration(image, request.broker_id, request.broker_epoch)
     target = committed_offset
     if session is not None and session.broker_epoch == reg.broker_epoch:
         target = session.caught_up_offset

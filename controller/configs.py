@@ -52,6 +52,7 @@ from itertools import chain
 from typing import Any, cast
 
 from controller import records as rec
+from controller.elections import registration
 from controller.image import MetadataImage
 from controller.outcome import DecisionError, Outcome
 from controller.records import ConfigResourceType, MetadataRecord
@@ -382,17 +383,7 @@ def allocate_producer_ids(
 ) -> Outcome[cpb.AllocateProducerIdsResponse]:
     """The next ``block_size`` producer ids, for a broker registered at ``broker_epoch``
     (fenced or not, as in Kafka: it may be catching up and about to produce)."""
-    broker = image.brokers.get(request.broker_id)
-    if broker is None:
-        raise DecisionError(
-            cpb.BROKER_ID_NOT_REGISTERED, f"broker {request.broker_id} is not registered"
-        )
-    if broker.broker_epoch != request.broker_epoch:
-        raise DecisionError(
-            cpb.STALE_BROKER_EPOCH,
-            f"broker {request.broker_id} is registered at epoch {broker.broker_epoch}, "
-            f"not {request.broker_epoch}",
-        )
+    registration(image, request.broker_id, request.broker_epoch)
     start = image.next_producer_id
     if start > _INT64_MAX - block_size:
         raise DecisionError(cpb.UNKNOWN_SERVER_ERROR, "every producer id is taken")

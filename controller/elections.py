@@ -80,7 +80,7 @@ def fence_broker(
     partitions is fenced over several decisions (``includes_fence`` tells which one ended
     it): one decision stays small enough not to stall the controller's event loop.
     ``unclean`` allows electing an out-of-sync replica."""
-    reg = _registration(image, broker_id)
+    reg = registration(image, broker_id)
     changes = remove_from_partitions(image, broker_id, unclean, limit)
     if len(changes) >= limit:
         return changes
@@ -128,7 +128,7 @@ def remove_from_partitions(
 def unfence_broker(image: MetadataImage, broker_id: int) -> list[pb.MetadataRecord]:
     """An UnfenceBrokerRecord, and a leader for every leaderless partition whose ISR holds
     ``broker_id`` (typically the last ISR member coming back)."""
-    reg = _registration(image, broker_id)
+    reg = registration(image, broker_id)
     unfence = pb.UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
     records = [pb.MetadataRecord(unfence_broker=unfence)]
     if reg.in_controlled_shutdown:
@@ -307,10 +307,19 @@ def rebalance_leaders(
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _registration(image: MetadataImage, broker_id: int) -> BrokerRegistration:
+def registration(
+    image: MetadataImage, broker_id: int, broker_epoch: int | None = None
+) -> BrokerRegistration:
+    """The broker's current registration: BROKER_ID_NOT_REGISTERED without one, and
+    STALE_BROKER_EPOCH when ``broker_epoch`` is given and is not its epoch."""
     reg = image.brokers.get(broker_id)
     if reg is None:
         raise DecisionError(cpb.BROKER_ID_NOT_REGISTERED, f"broker {broker_id} is not registered")
+    if broker_epoch is not None and reg.broker_epoch != broker_epoch:
+        raise DecisionError(
+            cpb.STALE_BROKER_EPOCH,
+            f"broker {broker_id} is registered at epoch {reg.broker_epoch}, not {broker_epoch}",
+        )
     return reg
 
 
