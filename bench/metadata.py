@@ -47,13 +47,12 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bench.common import work_dir
 from bench.metadata_baselines import baseline_server, measure_baselines
 from bench.metadata_catch_up import bench_catch_up, bench_loaded_stop, prepare_spare
 from bench.metadata_cluster import BenchCluster, snapshot_setting
@@ -103,16 +102,6 @@ def params_from(args: argparse.Namespace) -> Params:
     if not 1 <= params.replication_factor <= params.brokers:
         raise SystemExit("--replication-factor must be 1 to --brokers")
     return params
-
-
-@contextmanager
-def work_dir(parent: Path) -> Iterator[Path]:
-    parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="bench-metadata-", dir=parent))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def run(root: Path, params: Params) -> Results:
@@ -165,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = params_from(args)
     load_at_start = os.getloadavg()[0]
     started = time.perf_counter()
-    with work_dir(args.dir) as root:
+    with work_dir(args.dir, "bench-metadata-") as root:
         print(f"runnel metadata benchmark in {root} (quick={params.quick}, load average "
               f"{load_at_start:.2f} at start)", flush=True)  # fmt: skip
         results = asyncio.run(run(root, params))

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 from typing import Any
 
+from bench.common import git_state, verdict
 from bench.metadata_figures import (
-    REPO,
     TARGET_CATCH_UP_S,
     TARGET_CREATE_S,
     TARGET_PARTITIONS,
@@ -144,18 +143,14 @@ def print_table(params: Params, r: Results) -> None:
     if before != after:
         print(f"  the controller epoch moved from {before} to {after} during the creation")
     scaled = "" if params.total_partitions == TARGET_PARTITIONS else " (at this run's rate)"
-    verdict = {True: "met", False: "MISSED"}
     print("targets:")
-    print(f"  100,000 partitions in <= 60 s{scaled}: {verdict[create_target_met(params, r)]}")
-    print(f"  catch-up <= 10 s: {verdict[r.catch_up.catch_up_s <= TARGET_CATCH_UP_S]}")
+    print(f"  100,000 partitions in <= 60 s{scaled}: {verdict(create_target_met(params, r))}")
+    print(f"  catch-up <= 10 s: {verdict(r.catch_up.catch_up_s <= TARGET_CATCH_UP_S)}")
 
 
 def git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    )
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO, capture_output=True)
-    return done.stdout.strip() + ("-dirty" if dirty.returncode else "")
+    commit, dirty = git_state()
+    return (commit or "unknown") + ("-dirty" if dirty else "")
 
 
 def report(params: Params, r: Results, load_at_start: float, elapsed_s: float) -> dict[str, Any]:

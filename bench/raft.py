@@ -41,14 +41,12 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
+from bench.common import work_dir
 from bench.raft_cluster import BaselineServer, Cluster, baseline_server
 from bench.raft_figures import REPO, START_TIMEOUT_S, Baseline, Params, Results
 from bench.raft_phases import bench_failover, bench_latency, bench_throughput, pipelined_load
@@ -72,16 +70,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--baseline-server", type=int, nargs=2, metavar="PORT", help=argparse.SUPPRESS
     )
     return parser.parse_args(argv)
-
-
-@contextmanager
-def work_dir(parent: Path) -> Iterator[Path]:
-    parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="bench-raft-", dir=parent))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def run(root: Path, params: Params) -> Results:
@@ -136,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     load_at_start = os.getloadavg()[0]
     started = time.perf_counter()
-    with work_dir(args.dir) as root:
+    with work_dir(args.dir, "bench-raft-") as root:
         print(
             f"runnel raft benchmark in {root} (quick={quick}, "
             f"load average {load_at_start:.2f} at start)",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 from typing import Any
 
+from bench.common import git_state, verdict
 from bench.raft_figures import (
     ELECTION_TIMEOUT_MS,
     FETCH_MAX_WAIT_MS,
@@ -20,7 +20,6 @@ from bench.raft_figures import (
     FSYNC_WRITE_BYTES,
     RAFT_DEFAULTS,
     RATE_PER_S,
-    REPO,
     ROUNDS,
     SNAPSHOT_EVERY_RECORDS,
     Distribution,
@@ -134,19 +133,9 @@ def report(params: Params, r: Results, load_at_start: float, elapsed_s: float) -
 
 
 def source_version() -> dict[str, Any]:
-    """The commit measured, and whether raft/ had uncommitted changes."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--", "raft", "storage", "proto"))
-    return {"git_commit": commit or None, "raft_uncommitted_changes": dirty}
-
-
-def verdict(met: bool) -> str:
-    return "met" if met else "MISSED"
+    """The commit measured, and whether raft/ (or what it stands on) had uncommitted changes."""
+    commit, dirty = git_state("raft", "storage", "proto")
+    return {"git_commit": commit, "raft_uncommitted_changes": dirty}
 
 
 def print_table(params: Params, r: Results) -> None:

@@ -33,18 +33,17 @@ import shutil
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import crc32c
 
+from bench.common import git_state, work_dir
 from storage.config import LogConfig
 from storage.loader import load_log
 from storage.log import Log
@@ -380,16 +379,6 @@ def bench_log(root: Path, params: Params, now_ms: int) -> tuple[Pair, Pair, int]
         log.abandon()
 
 
-@contextmanager
-def work_dir(parent: Path) -> Iterator[Path]:
-    parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=parent))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def size_label(size: int) -> str:
     return f"{size // MIB} MiB" if size >= MIB else f"{size // KIB} KiB"
 
@@ -449,15 +438,8 @@ def report(
 
 def source_version() -> dict[str, Any]:
     """The commit measured, and whether storage/ had uncommitted changes."""
-    repo = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--", "storage"))
-    return {"git_commit": commit or None, "storage_uncommitted_changes": dirty}
+    commit, dirty = git_state("storage")
+    return {"git_commit": commit, "storage_uncommitted_changes": dirty}
 
 
 def print_table(params: Params, append: dict[int, Pair], recovery: Pair, read: Pair) -> None:
@@ -516,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     now_ms = time.time_ns() // 1_000_000
     load_at_start = os.getloadavg()[0]
     started = time.perf_counter()
-    with work_dir(args.dir) as root:
+    with work_dir(args.dir, "bench-storage-") as root:
         print(
             f"runnel storage benchmark in {root} (quick={quick}, "
             f"load average {load_at_start:.2f} at start)",
