@@ -198,6 +198,7 @@ class GrpcTransport:
         self.port: int | None = None
         self.unknown_destination_drops = 0
         self._learned: set[int] = set()  # peers known only from reply_to
+        self._reply_to = ""
         self._services: list[Callable[[grpc.aio.Server], None]] = []
         for peer_id, address in (peers or {}).items():
             self.add_peer(peer_id, address)
@@ -279,6 +280,7 @@ class GrpcTransport:
             raise TransportError(f"node {self.node_id} cannot listen on {self._listen_address}")
         await server.start()
         self._server, self.port, self._state = server, port, _State.STARTED
+        self._reply_to = self.advertised_address  # known once the port is bound
         for peer in self._peers.values():
             self._start_peer(peer)
         log.info("node %d: raft transport listening on %s", self.node_id, self.address)
@@ -294,9 +296,7 @@ class GrpcTransport:
             self.unknown_destination_drops += 1
             log.warning("node %d: no address for %s", self.node_id, _describe(envelope))
             return
-        message = envelope_to_proto(envelope)
-        message.reply_to = self.advertised_address
-        if peer.offer(message):
+        if peer.offer(envelope_to_proto(envelope)):
             level = logging.DEBUG if peer.failing or peer.overflowing else logging.WARNING
             peer.overflowing = True
             log.log(
@@ -347,6 +347,7 @@ class GrpcTransport:
         timeout_s = self.config.request_timeout_ms / 1000
         while True:
             message = await peer.queue.get()
+            message.reply_to = self._reply_to  # set here: queued before start, port unknown
             try:
                 await send(message, timeout=timeout_s)
             except grpc.aio.AioRpcError as e:

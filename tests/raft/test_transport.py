@@ -497,6 +497,25 @@ def test_a_node_learns_an_observers_address_from_its_messages() -> None:
     run(main)
 
 
+def test_a_message_queued_before_start_carries_the_port_bound_at_start() -> None:
+    async def main() -> None:
+        async with cluster(1) as (leader,):
+            observer = Node(7)  # listens on port 0: its port is known only once started
+            observer.transport.add_peer(1, leader.transport.address)
+            request = m.FetchRequest(1, 7, 0, 0, 0)
+            await observer.transport.send(Envelope(7, 1, request))  # queued, not sent
+            await within(observer.transport.start())
+            try:
+                assert (await within(leader.inbox.get())).payload == request
+                reply = m.FetchResponse(1, 1, 0, 0)
+                await leader.transport.send(Envelope(1, 7, reply))
+                assert (await within(observer.inbox.get())).payload == reply
+            finally:
+                await within(observer.transport.close())
+
+    run(main)
+
+
 def test_a_configured_peers_address_is_not_changed_by_what_a_message_says() -> None:
     async def main() -> None:
         async with cluster(2) as (a, b):
