@@ -238,38 +238,21 @@ def test_failover_restart_and_catch_up_through_a_snapshot(tmp_path: Path) -> Non
     run(main)
 
 
-def test_a_snapshot_is_taken_after_a_number_of_applied_bytes(tmp_path: Path) -> None:
-    async def main() -> None:
-        cluster = Cluster(tmp_path, voters=1, snapshot_bytes=1000)
-        try:
-            leader = await cluster.start(1)
-            await cluster.leader()
-            directory = tmp_path / "node-1" / "snapshots"
-            await leader.propose([b"x" * 400, b"y" * 400])
-            assert not list(directory.glob("*.checkpoint"))  # 800 bytes: not yet
-            await leader.propose([b"z" * 300])
-            async with asyncio.timeout(10):  # taken right after the commit that crossed it
-                while not list(directory.glob("*.checkpoint")):
-                    await asyncio.sleep(0.01)
-        finally:
-            await cluster.close()
-
-    run(main)
-
-
-def test_a_snapshot_is_taken_once_its_interval_has_passed_and_there_is_news(
-    tmp_path: Path,
+def snapshot_after(
+    tmp_path: Path, cluster: Cluster, before: list[bytes], pause_s: float, after: list[bytes]
 ) -> None:
+    """One voter: propose ``before`` (no snapshot yet), wait ``pause_s``, propose ``after``;
+    a snapshot must then appear (taken right after the commit that made it due)."""
+
     async def main() -> None:
-        cluster = Cluster(tmp_path, voters=1, snapshot_ms=300)
         try:
             leader = await cluster.start(1)
             await cluster.leader()
             directory = tmp_path / "node-1" / "snapshots"
-            await leader.propose([b"a"])
-            assert not list(directory.glob("*.checkpoint"))  # 300 ms have not passed
-            await asyncio.sleep(0.4)
-            await leader.propose([b"b"])  # news, after the interval
+            await leader.propose(before)
+            assert not list(directory.glob("*.checkpoint"))
+            await asyncio.sleep(pause_s)
+            await leader.propose(after)
             async with asyncio.timeout(10):
                 while not list(directory.glob("*.checkpoint")):
                     await asyncio.sleep(0.01)
@@ -277,6 +260,18 @@ def test_a_snapshot_is_taken_once_its_interval_has_passed_and_there_is_news(
             await cluster.close()
 
     run(main)
+
+
+def test_a_snapshot_is_taken_after_a_number_of_applied_bytes(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, voters=1, snapshot_bytes=1000)
+    snapshot_after(tmp_path, cluster, [b"x" * 400, b"y" * 400], 0, [b"z" * 300])  # 800, 1100
+
+
+def test_a_snapshot_is_taken_once_its_interval_has_passed_and_there_is_news(
+    tmp_path: Path,
+) -> None:
+    cluster = Cluster(tmp_path, voters=1, snapshot_ms=300)
+    snapshot_after(tmp_path, cluster, [b"a"], 0.4, [b"b"])  # news after the 300 ms interval
 
 
 def test_a_commit_larger_than_an_apply_chunk_is_applied_in_full_and_in_order(
