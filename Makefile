@@ -25,7 +25,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy storage raft runnel bench controller broker
+	$(VENV)/bin/mypy storage raft runnel bench controller broker replication
 
 unit: install
 	$(PY) -m pytest -n 2 -q

@@ -1,6 +1,5 @@
-"""The broker node: for now its life in the cluster (``lifecycle``); the Kafka protocol
-listener, replication and groups come with later issues."""
-
-from broker.lifecycle import BrokerLifecycle, BrokerState, PartitionAssignment
-
-__all__ = ["BrokerLifecycle", "BrokerState", "PartitionAssignment"]
+"""The broker node: its life in the cluster (``lifecycle``), the Kafka protocol codec
+(``protocol``), the client listener (``server``), the API handlers (``handlers``,
+``dispatcher``), its partitions (``replica_manager``) and the whole data plane
+(``runtime``). Import the modules themselves: this package imports nothing, so the pure codec
+loads without asyncio or gRPC."""

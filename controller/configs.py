@@ -68,6 +68,8 @@ __all__ = [
     "allocate_producer_ids",
     "as_error_code",
     "describe_cluster",
+    "canonical_value",
+    "describe_topic_configs",
     "incremental_alter_configs",
     "topic_log_config",
     "validate_topic_configs",
@@ -234,6 +236,23 @@ def topic_log_config(entries: Mapping[str, str], log_defaults: LogConfig) -> Log
         raise DecisionError(cpb.INVALID_CONFIG, f"configs {dict(entries)}: {e}") from None
 
 
+def describe_topic_configs(
+    entries: Mapping[str, str], log_defaults: LogConfig
+) -> list[tuple[str, str, bool]]:
+    """Every topic config as (name, value text, set on the topic?), by name: the topic's
+    own entries, and for the rest the value its logs run with (``log_defaults``)."""
+    config = topic_log_config(entries, log_defaults)
+    out = []
+    for name, setting in sorted(TOPIC_CONFIGS.items()):
+        if name in entries:
+            out.append((name, entries[name], True))
+        elif setting.field is None:  # min.insync.replicas: Kafka's default
+            out.append((name, "1", False))
+        else:
+            out.append((name, _canonical(getattr(config, setting.field)), False))
+    return out
+
+
 def _topic_setting(name: str) -> _Setting:
     setting = TOPIC_CONFIGS.get(name)
     if setting is None:
@@ -255,6 +274,11 @@ def _parser(name: str, kind: ConfigResourceType) -> Parse:
         )
     topic_name = BROKER_CONFIGS[name]
     return _BROKER_ONLY[name] if topic_name is None else TOPIC_CONFIGS[topic_name].parse
+
+
+def canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
+    """The text the controller commits for ``text``; DecisionError if it would refuse it."""
+    return _canonical_value(name, text, kind)
 
 
 def _canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:

@@ -10,6 +10,9 @@ one rebuild, not one per record. A snapshot is the image's canonical encoding
 ``RaftNode`` takes snapshots by itself (``snapshot_interval_bytes``) and loads the leader's
 when it is behind its log start; nothing else writes or reads them.
 
+Listeners (``on_publish``) hear of every new image once per event-loop turn in which records
+were applied, and after a snapshot is loaded: a broker turns each into partition changes.
+
 A record that does not decode, or that breaks the image's invariants, is a bug in whoever
 wrote the log: it raises, which stops the node loudly rather than serving a wrong image.
 """
@@ -17,6 +20,7 @@ wrote the log: it raises, which stops the node loudly rather than serving a wron
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from controller.image import MetadataDelta, MetadataImage, decode_snapshot, encode_snapshot
 from controller.records import decode
@@ -32,7 +36,12 @@ class MetadataStateMachine:
         self._image = MetadataImage.EMPTY
         self._delta: MetadataDelta | None = None
         self._publish_scheduled = False
+        self._listeners: list[Callable[[MetadataImage], None]] = []
         self.records_applied = 0
+
+    def on_publish(self, listener: Callable[[MetadataImage], None]) -> None:
+        """Call ``listener(image)`` with each new image built on the event loop."""
+        self._listeners.append(listener)
 
     @property
     def published(self) -> MetadataImage:
@@ -69,7 +78,9 @@ class MetadataStateMachine:
 
     def _publish(self) -> None:
         self._publish_scheduled = False
-        self.image  # noqa: B018  (builds and keeps it)
+        image = self.image
+        for listener in self._listeners:
+            listener(image)
 
     def snapshot(self) -> bytes:
         return encode_snapshot(self.image)
@@ -77,3 +88,4 @@ class MetadataStateMachine:
     def restore(self, data: bytes) -> None:
         self._image = decode_snapshot(data)
         self._delta = None
+        self._schedule_publish()

@@ -107,6 +107,10 @@ class TopicLimits:
 # -- shared helpers ----------------------------------------------------------------------------
 
 
+# The metadata log's directory is <data dir>/__cluster_metadata-0, beside partition logs.
+RESERVED_TOPIC_NAMES = frozenset({"__cluster_metadata"})
+
+
 def check_topic_name(name: str) -> None:
     """Kafka's topic name rules; ``DecisionError`` (INVALID_TOPIC_EXCEPTION) if broken."""
     if not name:
@@ -124,6 +128,10 @@ def check_topic_name(name: str) -> None:
             cpb.INVALID_TOPIC_EXCEPTION,
             f"topic name {name!r} has a character other than ASCII letters, digits, "
             "'.', '_' and '-'",
+        )
+    if name in RESERVED_TOPIC_NAMES:
+        raise DecisionError(
+            cpb.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} is reserved for the metadata log"
         )
 
 

@@ -8,6 +8,7 @@ runs the chosen handler and turns the outcome into an exit code. Groups so far:
     runnel node --config FILE        run one node (node.py)
     runnel cluster up|down|status    a local cluster of node processes (cluster_command.py)
     runnel topics create|list|describe|delete   topics, via the controller (topics_command.py)
+    runnel produce TOPIC / runnel consume TOPIC  records, with confluent-kafka (*_command.py)
 
 A later group adds one ``register`` call.
 """
@@ -19,7 +20,14 @@ import os
 import signal
 import sys
 
-from runnel import cluster_command, log_tools, node, topics_command
+from runnel import (
+    cluster_command,
+    consume_command,
+    log_tools,
+    node,
+    produce_command,
+    topics_command,
+)
 from runnel.commands import (
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -40,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.register(groups)
     cluster_command.register(groups)
     topics_command.register(groups)
+    produce_command.register(groups)
+    consume_command.register(groups)
     return parser
 
 

@@ -95,9 +95,9 @@ def _register_up(commands: Subparsers) -> None:
         help="start (or resume) a local cluster and watch it",
         description=(
             "Start a local cluster, or resume the one in --data-dir, wait until it is healthy, "
-            "print its bootstrap address and a live status view until Ctrl-C, then stop it. "
-            "The bootstrap address is the controllers' for now (what `runnel topics` and "
-            "`runnel cluster status` dial); the Kafka listener comes with a later issue."
+            "print its bootstrap addresses and a live status view until Ctrl-C, then stop it. "
+            "Kafka clients (and `runnel produce|consume`) dial the brokers' bootstrap; "
+            "`runnel topics` and `runnel cluster status` dial the controllers."
         ),
     )
     up.add_argument(
@@ -162,7 +162,8 @@ def _up(args: argparse.Namespace) -> int:
         cluster.save()
         _say_started(cluster, supervisor, started)
         _wait_healthy(cluster, supervisor, args.start_timeout_s, signals)
-        print(f"bootstrap: {cluster.bootstrap}  (the controllers; no Kafka listener yet)")
+        print(f"bootstrap: {cluster.kafka_bootstrap}  (Kafka clients)")
+        print(f"controllers: {cluster.bootstrap}  (runnel topics, runnel cluster status)")
         if args.once:
             pids = " ".join(f"{i}={supervisor.pid(i)}" for i in supervisor.managed)
             print(f"pids: {pids}", flush=True)

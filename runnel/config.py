@@ -9,7 +9,8 @@ dataclasses of the layers they configure, so their own validation runs:
     [raft_transport]  raft.transport.TransportConfig  the gRPC transport between controllers
     [log]             storage.config.LogConfig        defaults for every topic's partition logs
     [controller]      ControllerConfig                what the active controller decides with
-    [broker]          BrokerConfig                    a broker's side of its lifecycle
+    [broker]          BrokerConfig                    a broker's lifecycle and Kafka answers
+    [server]          broker.server.ServerConfig      the Kafka client listener's limits
 
 ``NodeConfig`` then checks what ties settings together (listeners, voters, heartbeat against
 session timeout, the transport's message size against Raft's batches). Every problem found is
@@ -29,6 +30,8 @@ Relative ``data_dirs`` are relative to the working directory, as in Kafka.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
 from collections import Counter
@@ -38,6 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
+from broker.server import ServerConfig
 from controller.config import ControllerConfig, at_least, flags
 from raft.core import RaftConfig
 from raft.transport import TransportConfig
@@ -77,6 +81,7 @@ MIB = 1024 * 1024
 # RUNNEL_* variables that belong to test tools, not to a node's configuration.
 NOT_CONFIG_ENV = frozenset({"RUNNEL_CRASH_SEED", "RUNNEL_REWRITE_SCENARIOS"})
 _LISTENER = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):(\d+)$")
+_CLUSTER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EVERY_INTERFACE = frozenset({"", "0.0.0.0", "[::]"})
 
 
@@ -119,12 +124,27 @@ class Listener:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    """A broker's side of its lifecycle (the rest of a broker's settings come later)."""
+    """A broker's lifecycle and what it answers Kafka clients with (the listener's own
+    limits are the ``[server]`` section)."""
 
     heartbeat_interval_ms: int = 2000  # below controller.broker_session_timeout_ms
+    auto_create_topics_enable: bool = False  # Metadata for an unknown topic creates it
+    fetch_max_bytes: int = 57_671_680  # 55 MiB: the most one Fetch response carries
+    fetch_max_wait_ms: int = 30_000  # the longest a Fetch may long-poll, whatever it asks
+    fetch_max_waiting: int = 10_000  # long-polling fetches parked at once; more answer at once
+    controller_request_timeout_ms: int = 30_000  # a request forwarded to the controller
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "heartbeat_interval_ms")
+        _at_least(
+            self,
+            1,
+            "heartbeat_interval_ms",
+            "fetch_max_bytes",
+            "fetch_max_waiting",
+            "controller_request_timeout_ms",
+        )
+        _at_least(self, 0, "fetch_max_wait_ms")
+        _flags(self, "auto_create_topics_enable")
 
 
 _at_least = at_least
@@ -137,6 +157,7 @@ SECTIONS: dict[str, type[Any]] = {
     "log": LogConfig,
     "controller": ControllerConfig,
     "broker": BrokerConfig,
+    "server": ServerConfig,
 }
 
 
@@ -152,6 +173,10 @@ class NodeConfig:
     controller_quorum_voters: str  # "1@host:port,2@host:port,..."
     advertised_listeners: tuple[Listener, ...] = ()  # what clients dial, by listener name
     controller_listener_name: str = "CONTROLLER"
+    client_listener_name: str = "CLIENT"  # where a broker serves Kafka clients
+    # What Metadata and DescribeCluster report; unset: derived from controller_quorum_voters,
+    # so every node of one cluster reports the same id without being told.
+    cluster_id: str | None = None
     rack: str | None = None
     metrics_port: int | None = None  # Prometheus over HTTP; none: no endpoint
     raft: RaftConfig = field(default_factory=RaftConfig)
@@ -159,6 +184,7 @@ class NodeConfig:
     log: LogConfig = field(default_factory=LogConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +199,15 @@ class NodeConfig:
     def quorum_voters(self) -> dict[int, str]:
         """Voter id -> ``host:port`` of the controllers."""
         return parse_quorum_voters(self.controller_quorum_voters)
+
+    def effective_cluster_id(self) -> str:
+        """``cluster_id``, or one derived from the voters: 22 characters of URL-safe base64,
+        the shape of Kafka's cluster ids, equal on every node given the same voters."""
+        if self.cluster_id is not None:
+            return self.cluster_id
+        voters = ",".join(f"{i}@{a}" for i, a in sorted(self.quorum_voters().items()))
+        digest = hashlib.sha256(voters.encode()).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     def listener(self, name: str) -> Listener | None:
         return next((item for item in self.listeners if item.name == name), None)
@@ -254,6 +289,9 @@ def _identity_findings(c: NodeConfig) -> Iterator[Finding]:
     for path, count in dirs.items():
         if count > 1:
             yield _finding(f"names {path} more than once", "data_dirs")
+    if c.cluster_id is not None and not _CLUSTER_ID.match(c.cluster_id):
+        message = f"{c.cluster_id!r} must be 1-64 letters, digits, '-' or '_'"
+        yield _finding(message, "cluster_id")
     if c.rack is not None and not c.rack.strip():
         yield _finding("is empty; leave it unset instead", "rack")
     if c.metrics_port is not None and not 0 < c.metrics_port < 65536:
@@ -295,8 +333,13 @@ def _role_findings(c: NodeConfig) -> Iterator[Finding]:
     if Role.CONTROLLER in c.process_roles and c.listener(name) is None:
         message = f"{name!r} is not among listeners ({known}); a controller listens on it"
         yield _finding(message, "controller_listener_name", "listeners")
-    if Role.BROKER in c.process_roles and all(item.name == name for item in c.listeners):
-        yield _finding(f"a broker needs a listener for clients besides {name}", "listeners")
+    client = c.client_listener_name
+    if Role.BROKER in c.process_roles and c.listener(client) is None:
+        message = f"{client!r} is not among listeners ({known}); a broker serves clients on it"
+        yield _finding(message, "client_listener_name", "listeners")
+    if Role.BROKER in c.process_roles and client == name:
+        message = f"clients and controllers cannot share the listener {name}"
+        yield _finding(message, "client_listener_name", "controller_listener_name")
     if c.process_roles == {Role.BROKER} and c.listener(name) is not None:
         message = f"a broker-only node must not listen on the controller listener {name}"
         yield _finding(message, "listeners", "controller_listener_name")

@@ -143,8 +143,15 @@ class ClusterSpec:
 
     @property
     def bootstrap(self) -> str:
-        """What client commands dial: the controllers, for now (no Kafka listener yet)."""
+        """What ``runnel topics`` and ``cluster status`` dial: the controllers (gRPC)."""
         return ",".join(self.controller_addresses().values())
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """What Kafka clients dial: every broker's CLIENT listener."""
+        return ",".join(
+            f"{HOST}:{n.ports[Port.CLIENT]}" for n in self.nodes() if not n.is_controller
+        )
 
     # -- files ---------------------------------------------------------------------------
     def node_dir(self, node_id: int) -> Path:

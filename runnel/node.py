@@ -8,7 +8,8 @@ metadata log through one ``RaftNode`` with a ``MetadataStateMachine``:
   ``QuorumController`` (a standby until its Raft node leads);
 - a **broker** is a Raft observer (unless it is also a controller) whose transport listens
   on its REPLICATION listener; it registers with the active controller and heartbeats
-  (``BrokerLifecycle``), starting fenced until it has caught up.
+  (``BrokerLifecycle``), starting fenced until it has caught up. Once unfenced it opens its
+  partition logs and serves Kafka clients on its client listener (``broker.runtime``).
 
 SIGTERM (or SIGINT) is a controlled shutdown: a broker asks the controller to move its
 leaderships away first; a controller that leads resigns so the others elect at once.
@@ -27,23 +28,28 @@ from pathlib import Path
 
 import uvloop
 
-from broker.lifecycle import BrokerLifecycle
+from broker.context import BrokerSettings
+from broker.lifecycle import BrokerLifecycle, BrokerState
+from broker.runtime import KafkaBroker
 from controller.client import ControllerClient
 from controller.quorum import QuorumController
 from controller.service import ControllerService
 from controller.state_machine import MetadataStateMachine
 from proto import metadata_pb2 as mpb
 from raft.driver import RaftNode, RaftNodeConfig
+from raft.log_store import METADATA_LOG_DIR
 from raft.transport import GrpcTransport
 from runnel.commands import EXIT_OK, CommandError, Subparsers, set_handler
 from runnel.config import ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
+from storage.log_manager import LogManager
 
 __all__ = ["RunnelNode", "register"]
 
 _log = logging.getLogger(__name__)
 REPLICATION_LISTENER = "REPLICATION"
 SHUTDOWN_TIMEOUT_S = 30.0
+UNFENCE_TIMEOUT_S = 120.0  # beyond a previous incarnation's session timeout, with room
 NEVER = 2**62
 
 
@@ -70,6 +76,7 @@ class RunnelNode:
         self.controller: QuorumController | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.client: ControllerClient | None = None
+        self.kafka: KafkaBroker | None = None
         if self.is_controller:
             self.controller = QuorumController(self.raft, self.machine, config.controller)
             service = ControllerService(self.controller, self.voters, config.log)
@@ -85,6 +92,7 @@ class RunnelNode:
                 self.machine,
                 config.broker.heartbeat_interval_ms,
             )
+            self.kafka = self._kafka_broker(self.client, self.lifecycle)
 
     def _transport(self) -> GrpcTransport:
         config = self.config
@@ -102,6 +110,35 @@ class RunnelNode:
             advertised_address=advertised.address if advertised is not None else None,
         )
 
+    def _kafka_broker(self, client: ControllerClient, lifecycle: BrokerLifecycle) -> KafkaBroker:
+        config = self.config
+        listener = config.listener(config.client_listener_name)
+        if listener is None:  # the config's own checks make this unreachable
+            raise CommandError(f"node {config.node_id} has no {config.client_listener_name}")
+        b = config.broker
+        settings = BrokerSettings(
+            broker_id=config.node_id,
+            cluster_id=config.effective_cluster_id(),
+            listener_name=listener.name,
+            auto_create_topics_enable=b.auto_create_topics_enable,
+            fetch_max_bytes=b.fetch_max_bytes,
+            fetch_max_wait_ms=b.fetch_max_wait_ms,
+            controller_request_timeout_ms=b.controller_request_timeout_ms,
+            log_defaults=config.log,
+        )
+        logs = LogManager(config.data_dirs, config.log, foreign_dirs=frozenset({METADATA_LOG_DIR}))
+        return KafkaBroker(
+            settings,
+            config.server,
+            listener.host,
+            listener.port,
+            logs,
+            self.machine,
+            client,
+            lambda: lifecycle.broker_epoch,
+            b.fetch_max_waiting,
+        )
+
     def _advertised_listeners(self) -> list[mpb.Listener]:
         out = []
         for listener in self.config.listeners:
@@ -117,6 +154,9 @@ class RunnelNode:
         await self.raft.start()
         if self.lifecycle is not None:
             await self.lifecycle.start()
+        if self.kafka is not None and self.lifecycle is not None:
+            await self.lifecycle.wait_for(BrokerState.RUNNING, UNFENCE_TIMEOUT_S)
+            await self.kafka.start(self.machine.image)
         roles = ",".join(sorted(r.value for r in self.config.process_roles))
         _log.info("node %d started (%s) on %s", self.config.node_id, roles, self.transport.address)
 
@@ -125,6 +165,8 @@ class RunnelNode:
             released = await self.lifecycle.shutdown(SHUTDOWN_TIMEOUT_S)
             if not released:
                 _log.warning("node %d: controlled shutdown timed out", self.config.node_id)
+        if self.kafka is not None:
+            await self.kafka.stop()
         if self.controller is not None:
             await self.controller.close()
         await self.raft.close()

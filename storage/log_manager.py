@@ -50,12 +50,17 @@ class LogManager:
         *,
         clock: Callable[[], int] = wall_clock_ms,
         config_for: Callable[[TopicPartition], LogConfig] | None = None,
+        foreign_dirs: frozenset[str] = frozenset(),
     ) -> None:
+        """``foreign_dirs``: names of directories in a data dir that are not this manager's
+        partition logs although they look like one (the metadata log's)."""
         if not data_dirs:
             raise ValueError("at least one data directory is required")
         self.data_dirs = [Path(d) for d in data_dirs]
         self.default_config = default_config
-        self._config_for = config_for
+        # Settable until ``startup``: the broker sets it once it knows each topic's configs.
+        self.config_for = config_for
+        self._foreign_dirs = foreign_dirs
         self._clock = clock
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir: dict[TopicPartition, Path] = {}
@@ -82,7 +87,7 @@ class LogManager:
         hws = OffsetCheckpointFile(data_dir / REPLICATION_CHECKPOINT).read()
         starts = OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).read()
         for child in sorted(data_dir.iterdir()):
-            if not child.is_dir():
+            if not child.is_dir() or child.name in self._foreign_dirs:
                 continue
             try:
                 tp = parse_dir_name(child.name)
@@ -156,6 +161,8 @@ class LogManager:
         online = [d for d in self.data_dirs if d not in self.offline_dirs]
         if not online:
             raise LogDirOfflineError("every data directory is offline")
+        if len(online) == 1:
+            return online[0]  # the common case: no counting (creating n logs stays O(n))
         counts = {d: 0 for d in online}
         for d in self._log_dir.values():
             if d in counts:
@@ -163,7 +170,7 @@ class LogManager:
         return min(online, key=lambda d: (counts[d], str(d)))
 
     def _config(self, tp: TopicPartition) -> LogConfig:
-        return self._config_for(tp) if self._config_for is not None else self.default_config
+        return self.config_for(tp) if self.config_for is not None else self.default_config
 
     # -- periodic work ---------------------------------------------------------------------
     def run_maintenance(self, now_ms: int | None = None) -> None:

@@ -111,7 +111,7 @@ def test_the_example_file_sets_every_key() -> None:
     document = tomllib.loads(EXAMPLE.read_text())
     for section, keys in schema().items():
         table = document.get(section, {}) if section else document
-        missing = set(keys) - set(table) - {"rack"}  # rack is shown commented out
+        missing = set(keys) - set(table) - {"rack", "cluster_id"}  # shown commented out
         assert not missing, f"config/example.toml lacks {section or 'top-level'} keys {missing}"
 
 
@@ -372,7 +372,13 @@ CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
             "controller_listener_name",
             "'QUORUM' is not among listeners (CLIENT, CONTROLLER)",
         ),
-        ({"listeners": [CONTROLLER]}, "listeners", "a broker needs a listener for clients"),
+        ({"listeners": [CONTROLLER]}, "listeners", "'CLIENT' is not among listeners (CONTROLLER)"),
+        (
+            {"client_listener_name": "CONTROLLER"},
+            "client_listener_name",
+            "clients and controllers cannot share the listener CONTROLLER",
+        ),
+        ({"cluster_id": "a b"}, "cluster_id", "must be 1-64 letters"),
         (
             {"advertised_listeners": ["EXTERNAL://x.example:9092"]},
             "advertised_listeners",

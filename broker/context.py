@@ -1,0 +1,45 @@
+"""What the Kafka API handlers work with: one ``BrokerContext`` per broker process.
+
+How this works. The node builds the context once its parts exist (the replica manager, the
+fetch purgatory, the producer-id manager, the controller client) and hands it to the
+dispatcher; handlers read the broker's latest metadata image through ``image()`` and never
+keep one across an ``await`` (it may be replaced meanwhile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.producer_ids import ProducerIdManager
+from broker.purgatory import FetchPurgatory
+from broker.replica_manager import ReplicaManager
+from controller.client import ControllerClient
+from controller.image import MetadataImage
+from storage.config import LogConfig
+
+__all__ = ["BrokerContext", "BrokerSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    """The settings handlers answer with (from ``runnel.config.BrokerConfig``)."""
+
+    broker_id: int
+    cluster_id: str
+    listener_name: str  # Metadata answers with every broker's address on this listener
+    auto_create_topics_enable: bool = False
+    fetch_max_bytes: int = 57_671_680
+    fetch_max_wait_ms: int = 30_000
+    controller_request_timeout_ms: int = 30_000
+    log_defaults: LogConfig = field(default_factory=LogConfig)  # the node's [log] section
+
+
+@dataclass(slots=True)
+class BrokerContext:
+    settings: BrokerSettings
+    replicas: ReplicaManager
+    purgatory: FetchPurgatory
+    producer_ids: ProducerIdManager
+    controller: ControllerClient
+    image: Callable[[], MetadataImage]  # the latest image applied on this broker

@@ -1,0 +1,64 @@
+"""What every Kafka API handler shares: its signature, the partition lookup with Kafka's
+error rules, and how a typed error becomes an error code.
+
+How this works. A handler is a plain function ``(context, header, request) -> Reply``: it
+does its synchronous part at once (a log append happens before the next request of the
+connection is read) and returns the response as a dict for the codec, ``None`` (no response:
+acks=0) or an awaitable of either for work that waits (long-poll fetches, the controller).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.context import BrokerContext
+from broker.protocol import ErrorCode, RequestHeader
+from controller.image import MetadataImage
+from replication.errors import ReplicationError
+from replication.partition import Partition
+
+__all__ = [
+    "Handler",
+    "Reply",
+    "error_code_of",
+    "lookup_partition",
+    "topic_uuid",
+]
+
+_log = logging.getLogger(__name__)
+
+Response = dict[str, Any] | None
+Reply = Response | Awaitable[Response]
+Handler = Callable[[BrokerContext, RequestHeader, Any], Reply]
+TOPIC_ID_ZERO = uuid.UUID(int=0)
+
+
+def lookup_partition(
+    context: BrokerContext, image: MetadataImage, topic: str, index: int
+) -> Partition | ErrorCode:
+    """This broker's replica of ``topic``/``index``, or why there is none: the partition
+    does not exist (UNKNOWN_TOPIC_OR_PARTITION) or lives on other brokers
+    (NOT_LEADER_OR_FOLLOWER, so the client refreshes its metadata)."""
+    partition = context.replicas.get(topic, index)
+    if partition is not None:
+        return partition
+    found = image.topic_by_name(topic)
+    if found is None or index not in found.partitions:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def error_code_of(error: Exception) -> int:
+    """The Kafka error code of an operating error; anything else is a bug, logged with its
+    traceback and answered UNKNOWN_SERVER_ERROR (the broker goes on serving)."""
+    if isinstance(error, ReplicationError):
+        return error.code
+    _log.error("unexpected error handling a request", exc_info=error)
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def topic_uuid(topic_id: bytes | None) -> uuid.UUID:
+    return TOPIC_ID_ZERO if topic_id is None else uuid.UUID(bytes=topic_id)

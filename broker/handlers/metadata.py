@@ -1,0 +1,210 @@
+"""ApiVersions, Metadata and DescribeCluster: what a client learns before anything else.
+
+How this works. Everything comes from the broker's metadata image (no controller round
+trip), except a Metadata request for unknown topics when ``auto_create_topics_enable`` is on:
+those are created through the controller and answered LEADER_NOT_AVAILABLE, as Kafka does, so
+the client asks again. Brokers are listed with their address on the listener the request
+came in on; fenced brokers are left out. The controller id a client sees is this broker's own
+id: clients cannot reach KRaft controllers, and this broker forwards admin requests to the
+active one (as Kafka's brokers do).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from broker.context import BrokerContext
+from broker.handlers.common import Reply, topic_uuid
+from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
+from controller.client import ControllerUnavailable
+from controller.image import NO_LEADER, MetadataImage, PartitionState
+from proto import controller_pb2 as cpb
+
+__all__ = ["api_versions", "describe_cluster", "metadata", "supported_api_versions"]
+
+_log = logging.getLogger(__name__)
+UNSET_OPERATIONS = -(2**31)  # "not asked for" in Kafka's authorized-operations fields
+# No authorizer: every operation is allowed. Bits by Kafka's AclOperation codes.
+TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+CLUSTER_OPERATIONS = sum(1 << op for op in (4, 5, 7, 8, 9, 10, 11, 12))
+AUTO_CREATE_LIMIT = 100  # unknown topics one Metadata request may create
+
+
+# Advertised below what is served: Produce v0-v2 (message formats v0 and v1). librdkafka
+# 2.0 (kcat's) enables compression only if Produce v0 is listed; a request at those versions
+# closes the connection, as Apache Kafka 4.0 does (KAFKA-18659).
+ADVERTISED_MIN_VERSION: dict[int, int] = {ApiKey.PRODUCE: 0}
+
+
+def supported_api_versions() -> list[dict[str, int]]:
+    return [
+        {
+            "api_key": spec.key,
+            "min_version": ADVERTISED_MIN_VERSION.get(spec.key, spec.min_version),
+            "max_version": spec.max_version,
+        }
+        for spec in sorted(API_SPECS.values(), key=lambda s: s.key)
+    ]
+
+
+def api_versions(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
+    return {"error_code": ErrorCode.NONE, "api_keys": supported_api_versions()}
+
+
+def _brokers(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
+    out = []
+    name = context.settings.listener_name
+    for broker_id in sorted(image.brokers):
+        registration = image.brokers[broker_id]
+        if registration.fenced:
+            continue
+        endpoint = next((e for e in registration.listeners if e.name == name), None)
+        if endpoint is not None:
+            out.append(
+                {
+                    "node_id": broker_id,
+                    "host": endpoint.host,
+                    "port": endpoint.port,
+                    "rack": registration.rack,
+                }
+            )
+    return out
+
+
+def _partition(image: MetadataImage, p: PartitionState) -> dict[str, Any]:
+    alive = {b for b, reg in image.brokers.items() if not reg.fenced}
+    return {
+        "error_code": ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else ErrorCode.NONE,
+        "partition_index": p.partition_id,
+        "leader_id": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "replica_nodes": list(p.replicas),
+        "isr_nodes": list(p.isr),
+        "offline_replicas": [b for b in p.replicas if b not in alive],
+    }
+
+
+def _topic(image: MetadataImage, name: str, error: int, operations: int) -> dict[str, Any]:
+    topic = image.topic_by_name(name)
+    if topic is None:
+        return {"error_code": error, "name": name, "partitions": []}
+    return {
+        "error_code": ErrorCode.NONE,
+        "name": name,
+        "topic_id": topic_uuid(topic.topic_id),
+        "is_internal": False,
+        "partitions": [_partition(image, topic.partitions[i]) for i in sorted(topic.partitions)],
+        "topic_authorized_operations": operations,
+    }
+
+
+def _requested_names(image: MetadataImage, request: Any) -> list[str] | None:
+    """Names asked for (None: every topic). From v10 a topic may be named by id alone."""
+    if request.topics is None:
+        return None
+    names = []
+    for item in request.topics:
+        name = getattr(item, "name", None)
+        if name is None:
+            topic_id = getattr(item, "topic_id", None)
+            found = image.topics.get(topic_id.bytes) if topic_id is not None else None
+            name = found.name if found is not None else None
+        if name is not None:
+            names.append(name)
+    return names
+
+
+def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
+    image = context.image()
+    names = _requested_names(image, request)
+    operations = (
+        TOPIC_OPERATIONS
+        if getattr(request, "include_topic_authorized_operations", False)
+        else UNSET_OPERATIONS
+    )
+    missing = [] if names is None else [n for n in names if n not in image.topic_ids]
+    allow = header.api_version < 4 or bool(getattr(request, "allow_auto_topic_creation", True))
+    auto_create = bool(missing) and allow and context.settings.auto_create_topics_enable
+    error = ErrorCode.LEADER_NOT_AVAILABLE if auto_create else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    listed = sorted(image.topic_ids) if names is None else names
+    response = {
+        "brokers": _brokers(context, image),
+        "cluster_id": context.settings.cluster_id,
+        "controller_id": context.settings.broker_id,
+        "topics": [_topic(image, name, error, operations) for name in listed],
+        "cluster_authorized_operations": CLUSTER_OPERATIONS
+        if getattr(request, "include_cluster_authorized_operations", False)
+        else UNSET_OPERATIONS,
+    }
+    if not auto_create:
+        return response
+    return _auto_create(context, missing[:AUTO_CREATE_LIMIT], response)
+
+
+async def _auto_create(
+    context: BrokerContext, names: Iterable[str], response: dict[str, Any]
+) -> dict[str, Any]:
+    request = cpb.CreateTopicsRequest(  # -1: the controller's num_partitions and factor
+        topics=[cpb.CreatableTopic(name=n, num_partitions=-1, replication_factor=-1) for n in names]
+    )
+    try:
+        answer = await context.controller.call("CreateTopics", request)
+    except ControllerUnavailable as e:
+        _log.warning("auto-creating topics %s failed: %s", list(names), e)
+        return response
+    created = {t.name: t.error for t in answer.topics}
+    for topic in response["topics"]:
+        code = created.get(topic["name"])
+        if code not in (None, cpb.NONE, cpb.TOPIC_ALREADY_EXISTS):
+            topic["error_code"] = code  # e.g. INVALID_TOPIC_EXCEPTION for a bad name
+    return response
+
+
+def describe_cluster(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
+    if getattr(request, "endpoint_type", 1) != 1:  # 1: brokers; 2: controllers (KIP-919)
+        return {
+            "error_code": ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+            "error_message": "runnel describes brokers only",
+            "endpoint_type": request.endpoint_type,
+            "cluster_id": context.settings.cluster_id,
+            "controller_id": -1,
+        }
+    return _describe_cluster(context, request.include_cluster_authorized_operations)
+
+
+async def _describe_cluster(context: BrokerContext, operations: bool) -> dict[str, Any]:
+    """The active controller's view of the brokers (forwarded: it knows who is fenced now)."""
+    response: dict[str, Any] = {
+        "endpoint_type": 1,
+        "cluster_id": context.settings.cluster_id,
+        "controller_id": context.settings.broker_id,
+        "cluster_authorized_operations": CLUSTER_OPERATIONS if operations else UNSET_OPERATIONS,
+    }
+    try:
+        answer = await context.controller.call("DescribeCluster", cpb.DescribeClusterRequest())
+    except ControllerUnavailable as e:
+        return response | {"error_code": ErrorCode.REQUEST_TIMED_OUT, "error_message": str(e)}
+    if answer.header.error != cpb.NONE:
+        return response | {
+            "error_code": answer.header.error,
+            "error_message": answer.header.message,
+        }
+    brokers = []
+    for broker in answer.brokers:
+        endpoint = next(
+            (e for e in broker.listeners if e.name == context.settings.listener_name), None
+        )
+        if broker.fenced or endpoint is None:
+            continue
+        rack = broker.rack or None
+        brokers.append(
+            {
+                "broker_id": broker.broker_id,
+                "host": endpoint.host,
+                "port": endpoint.port,
+                "rack": rack,
+            }
+        )
+    return response | {"error_code": ErrorCode.NONE, "brokers": brokers}

@@ -1,0 +1,151 @@
+"""The fetch purgatory: long-polling fetches parked until their partitions have new data.
+
+How this works. A Fetch that finds fewer than ``min_bytes`` ready parks here with ``wait``:
+one waiter per request, registered under each of its partitions (``keys``). When a partition's
+high watermark moves, the partition calls ``notify(key, bytes)`` (it is one of the
+``Partition.on_append`` listeners) and each waiter on that key adds the bytes to its count;
+a waiter whose count reaches its ``min_bytes`` wakes. So an append costs O(waiters on that
+partition), and nothing polls. A waiter also wakes when its timeout passes (one event-loop
+timer each), when ``wake(key)`` says a partition changed leader or went away (so the fetch
+re-reads and answers the new error at once), and when ``cancel_all`` shuts the broker down.
+
+``wait`` counts bytes appended *after* it was called: the caller reads first and asks for
+what is missing (``min_bytes - bytes already read``). Bytes are those that became readable
+by consumers (below the high watermark; in this issue the HW follows each append). Replica
+fetches, which read to the log end, come with replication.
+
+Limits: at most ``max_waiters`` parked fetches. One more is answered at once (as if it had
+timed out; the client simply fetches again), counted in ``overflows`` and logged, so a
+flood of long polls cannot hold unbounded memory and timers.
+
+Concurrency: asyncio, one event loop. ``notify``, ``wake`` and ``cancel_all`` must be called
+on the loop's thread (they are plain calls from the partition's append path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Sequence
+
+__all__ = ["DEFAULT_MAX_WAITERS", "FetchPurgatory", "WakeReason"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_MAX_WAITERS = 10_000
+Key = tuple[str, int]  # (topic name, partition id)
+
+
+class WakeReason(enum.Enum):
+    """Why ``wait`` returned."""
+
+    BYTES = "bytes"  # min_bytes arrived
+    TIMEOUT = "timeout"
+    LEADERSHIP = "leadership"  # a partition changed leader or was removed
+    CANCELLED = "cancelled"  # shutdown
+    OVERFLOW = "overflow"  # too many waiters already: answered at once
+
+
+class _Waiter:
+    __slots__ = ("future", "keys", "min_bytes", "received")
+
+    def __init__(self, future: asyncio.Future[WakeReason], keys: Sequence[Key], min_bytes: int):
+        self.future = future
+        self.keys = keys
+        self.min_bytes = min_bytes
+        self.received = 0
+
+    def wake(self, reason: WakeReason) -> None:
+        if not self.future.done():
+            self.future.set_result(reason)
+
+
+class FetchPurgatory:
+    """Parked fetches by partition. See the module docstring."""
+
+    def __init__(self, max_waiters: int = DEFAULT_MAX_WAITERS) -> None:
+        if max_waiters < 0:
+            raise ValueError(f"max_waiters must be at least 0, got {max_waiters}")
+        self.max_waiters = max_waiters
+        self.overflows = 0  # fetches answered at once because max_waiters were parked
+        self._by_key: dict[Key, set[_Waiter]] = {}
+        self._waiting = 0
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """Fetches parked now."""
+        return self._waiting
+
+    async def wait(self, keys: Sequence[Key], min_bytes: int, timeout_ms: int) -> WakeReason:
+        """Return once ``min_bytes`` have become readable across ``keys`` since the call,
+        or ``timeout_ms`` passed, or a partition changed leader, or shutdown began.
+        ``min_bytes <= 0`` or ``timeout_ms <= 0`` return at once; no keys waits the timeout
+        (an empty incremental fetch waits too)."""
+        if min_bytes <= 0:
+            return WakeReason.BYTES
+        if timeout_ms <= 0:
+            return WakeReason.TIMEOUT
+        if self._closed:
+            return WakeReason.CANCELLED
+        if self._waiting >= self.max_waiters:
+            self._overflow()
+            return WakeReason.OVERFLOW
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes)
+        timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
+        self._park(waiter)
+        try:
+            return await waiter.future
+        finally:
+            timer.cancel()
+            self._unpark(waiter)
+
+    def notify(self, key: Key, bytes_appended: int) -> None:
+        """``bytes_appended`` became readable on ``key``: wake the waiters that have enough.
+        The signature of ``replication.partition.AppendListener``."""
+        waiters = self._by_key.get(key)
+        if not waiters or bytes_appended <= 0:
+            return
+        for waiter in waiters:
+            waiter.received += bytes_appended
+            if waiter.received >= waiter.min_bytes:
+                waiter.wake(WakeReason.BYTES)
+
+    def wake(self, key: Key) -> None:
+        """``key`` changed leader or was removed: its waiters answer now."""
+        for waiter in self._by_key.get(key, ()):
+            waiter.wake(WakeReason.LEADERSHIP)
+
+    def cancel_all(self) -> None:
+        """Shutdown: wake every waiter, and answer later calls at once."""
+        self._closed = True
+        for waiters in self._by_key.values():
+            for waiter in waiters:
+                waiter.wake(WakeReason.CANCELLED)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _park(self, waiter: _Waiter) -> None:
+        self._waiting += 1
+        for key in waiter.keys:
+            self._by_key.setdefault(key, set()).add(waiter)
+
+    def _unpark(self, waiter: _Waiter) -> None:
+        self._waiting -= 1
+        for key in waiter.keys:
+            waiters = self._by_key.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._by_key[key]
+
+    def _overflow(self) -> None:
+        self.overflows += 1
+        # The first time, then every 1,000th: a flood must not flood the log as well.
+        if self.overflows % 1000 == 1:
+            _log.warning(
+                "fetch purgatory full (%d waiting): answering at once (%d times so far)",
+                self._waiting,
+                self.overflows,
+            )

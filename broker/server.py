@@ -1,0 +1,464 @@
+"""The broker's client listener: TCP with Kafka's framing (a 4-byte big-endian size, then the
+request), pipelining, and limits. It knows nothing of Kafka APIs: a ``RequestHandler`` (the
+codec and the APIs behind it) gets every complete frame and answers with the response's parts.
+
+How this works. The server owns its sockets: the listening socket and each client socket are
+non-blocking and watched with ``loop.add_reader`` / ``loop.add_writer``, on uvloop and on
+asyncio's own loop alike. There are no asyncio transports: uvloop's cannot ``sendfile``, and
+writing to a socket behind a transport's back would break ordering. ``broker/connection.py``
+splits frames and writes responses (byte parts with one ``sendmsg``, ``FileSlice`` parts with
+``os.sendfile``); ``_Connection`` here drives it:
+
+- readable: ``recv_into``, then ``handler.handle`` for each complete frame at once, in arrival
+  order. A ready response fills the request's slot; an awaitable fills it when done. Responses
+  leave in request order (a ``None`` answer keeps its place and sends nothing); the responses
+  of one batch of frames go out with one write.
+- backpressure: with ``max_in_flight_requests_per_connection`` requests unanswered, or more than
+  ``max_buffered_response_bytes_per_connection`` unsent bytes, the connection handles no more
+  frames and stops reading until responses complete and drain.
+- closing: EOF or a reset (DEBUG), a bad size prefix, ``CloseConnection`` or a ValueError from
+  the handler (WARNING with peer and reason), any other handler error (ERROR with traceback),
+  no traffic and nothing in flight for ``connections_max_idle_ms`` (DEBUG), ``Server.close``.
+  A closed connection's pending handler awaitables are cancelled.
+
+Concurrency contract: one event loop runs ``start``, ``close``, the callbacks and the handler.
+Nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import logging
+import socket
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from broker.connection import (
+    Chunk,
+    FrameReader,
+    FrameSizeError,
+    ResponseQueue,
+    ShortFileError,
+    Slot,
+)
+from storage.errors import invariant
+from storage.segment import FileSlice
+
+__all__ = [
+    "CloseConnection",
+    "ConnectionInfo",
+    "Part",
+    "RequestHandler",
+    "Response",
+    "Server",
+    "ServerConfig",
+]
+
+_log = logging.getLogger(__name__)
+MIB = 1024 * 1024
+_MAX_SIZE_PREFIX = 2**31 - 1
+_ACCEPTS_PER_EVENT = 64  # then other callbacks get a turn
+_ACCEPT_BACKOFF_S = 0.1  # after accept fails (out of descriptors): retry, do not spin
+_IDLE_SWEEP_MAX_S = 1.0
+
+Part = (
+    bytes | bytearray | memoryview | FileSlice
+)  # storage.segment.FileSlice: .fd .position .length .read()
+Response = (
+    list[Part] | None
+)  # None: send nothing (acks=0 produce); parts INCLUDE the 4-byte size prefix
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who sent a request: ``peer`` is "host:port", ``listener`` the listener's name."""
+
+    peer: str
+    connection_id: int
+    listener: str
+
+
+class RequestHandler(Protocol):
+    def handle(
+        self, frame: memoryview, connection: ConnectionInfo
+    ) -> Response | Awaitable[Response]:
+        """Answer one request. ``frame`` is the request without its size prefix; it stays
+        valid until the response is produced, not after (a response must not contain views of
+        it). Called synchronously in arrival order; return the response, or an awaitable of it
+        for a slow request. Raise ``CloseConnection`` (or a ValueError) to drop the client."""
+        ...
+
+
+class CloseConnection(Exception):
+    """Raised by a handler: close the connection and log at WARNING with peer and reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Limits of the client listener; units in the names. Validated on construction."""
+
+    socket_request_max_bytes: int = 104_857_600  # checked on the size prefix, before the body
+    max_connections: int = 1000  # beyond it a new connection is accepted and closed at once
+    max_in_flight_requests_per_connection: int = 100  # then the connection stops reading
+    max_buffered_response_bytes_per_connection: int = 64 * MIB  # unsent; then it stops reading
+    connections_max_idle_ms: int = 600_000  # no bytes either way and no request in flight
+    socket_send_buffer_bytes: int = -1  # SO_SNDBUF; -1: the OS default
+    socket_receive_buffer_bytes: int = -1  # SO_RCVBUF; -1: the OS default
+    read_buffer_bytes: int = 64 * 1024  # one recv_into; a frame over half of it gets its own
+    listen_backlog: int = 1024
+    close_timeout_ms: int = 1000  # Server.close waits this long for cancelled handlers
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if name.startswith("socket_") and name.endswith("_buffer_bytes"):
+                if value != -1 and value < 1:
+                    raise ValueError(f"{name} must be -1 (OS default) or positive, got {value}")
+            elif value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.socket_request_max_bytes > _MAX_SIZE_PREFIX:
+            raise ValueError(f"socket_request_max_bytes cannot exceed {_MAX_SIZE_PREFIX}")
+        if self.read_buffer_bytes < 1024:
+            raise ValueError(
+                f"read_buffer_bytes must be at least 1024, got {self.read_buffer_bytes}"
+            )
+
+
+class _Connection:
+    """One client socket, driven by reader/writer callbacks. See the module docstring."""
+
+    def __init__(self, server: Server, sock: socket.socket, info: ConnectionInfo) -> None:
+        config = server.config
+        self.info = info
+        self.pending: set[asyncio.Future[Response]] = set()
+        self._server = server
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
+        self._handler = server.handler
+        self._max_in_flight = config.max_in_flight_requests_per_connection
+        self._max_buffered_bytes = config.max_buffered_response_bytes_per_connection
+        self._reader = FrameReader(config.socket_request_max_bytes, config.read_buffer_bytes)
+        self._out = ResponseQueue()
+        self._in_flight = 0
+        self._reading = self._writing = self._closed = False
+        self._last_active = self._loop.time()
+
+    def start(self) -> None:
+        self._set_reading(True)
+
+    def idle_since(self, time: float) -> bool:
+        return self._in_flight == 0 and self._last_active < time
+
+    def close(self, *, flush: bool = False) -> None:
+        """Close now; with ``flush``, first send what the socket takes without waiting."""
+        if self._closed:
+            return
+        if flush:
+            with contextlib.suppress(OSError, ShortFileError):
+                self._out.write(self._sock)
+        self._set_reading(False)
+        self._set_writing(False)
+        self._closed = True
+        self._sock.close()
+        for future in self.pending:
+            future.cancel()
+        self._server._forget(self)
+
+    def _on_readable(self) -> None:
+        try:
+            count = self._sock.recv_into(self._reader.recv_target())
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._socket_failed(exc)
+            return
+        if count == 0:
+            unread = self._reader.buffered_bytes
+            self.close_quietly(f"closed by the peer{f' mid-frame ({unread} bytes)' * bool(unread)}")
+            return
+        self._reader.received(count)
+        self._server.bytes_received += count
+        self._last_active = self._loop.time()
+        self._pump()
+
+    def _pump(self) -> None:
+        """Handle the frames received (within the limits), write, and read again if allowed."""
+        while True:
+            limited = self._handle_frames()
+            if not self._closed:
+                self._flush()
+            if self._closed:
+                return
+            if not (limited and self._may_handle()):
+                break
+        self._set_reading(self._may_handle())
+
+    def _may_handle(self) -> bool:
+        return (
+            self._in_flight < self._max_in_flight
+            and self._out.buffered_bytes <= self._max_buffered_bytes
+        )
+
+    def _handle_frames(self) -> bool:
+        """Hand out complete frames; True if a limit stopped it."""
+        handled = 0
+        try:
+            while not self._closed:
+                if self._in_flight >= self._max_in_flight or (
+                    self._out.buffered_bytes > self._max_buffered_bytes
+                ):
+                    return True
+                item = self._reader.next_frame()
+                if item is None:
+                    return False
+                handled += 1
+                self._call_handler(*item)
+        except FrameSizeError as exc:
+            self._fail(exc)
+        finally:
+            self._server.requests_received += handled
+        return False
+
+    def _call_handler(self, frame: memoryview, chunk: Chunk | None) -> None:
+        try:
+            result = self._handler.handle(frame, self.info)
+            if result is None or isinstance(result, list):
+                self._out.respond(result)
+                return
+            future = asyncio.ensure_future(result)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._in_flight += 1
+        FrameReader.retain(chunk)
+        self.pending.add(future)
+        future.add_done_callback(functools.partial(self._on_done, self._out.reserve(), chunk))
+
+    def _on_done(self, slot: Slot, chunk: Chunk | None, future: asyncio.Future[Response]) -> None:
+        self.pending.discard(future)
+        if self._closed:
+            return
+        self._in_flight -= 1
+        FrameReader.release(chunk)
+        if future.cancelled():
+            self._fail(CloseConnection("the handler's awaitable was cancelled"))
+            return
+        try:
+            self._out.complete(slot, future.result())
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._pump()
+
+    def _flush(self) -> None:
+        try:
+            count = self._out.write(self._sock)
+        except ShortFileError as exc:
+            self._fail(exc)
+            return
+        except OSError as exc:
+            self._socket_failed(exc)
+            return
+        if count:
+            self._server.bytes_sent += count
+            self._last_active = self._loop.time()
+        self._set_writing(not self._out.empty)
+
+    def _on_writable(self) -> None:
+        self._pump()
+
+    def _fail(self, exc: BaseException) -> None:
+        peer, number = self.info.peer, self.info.connection_id
+        if isinstance(exc, CloseConnection | ValueError | FrameSizeError):
+            _log.warning("closing connection %d from %s: %s", number, peer, _reason(exc))
+        else:
+            _log.error(
+                "closing connection %d from %s: %s", number, peer, _reason(exc), exc_info=exc
+            )
+        self.close(flush=True)
+
+    def _socket_failed(self, exc: OSError) -> None:
+        if isinstance(exc, ConnectionError | TimeoutError) or exc.errno == errno.ENOTCONN:
+            self.close_quietly(str(exc))  # the peer went away: routine
+        else:
+            self._fail(exc)
+
+    def close_quietly(self, reason: str) -> None:
+        _log.debug("connection %d from %s: %s", self.info.connection_id, self.info.peer, reason)
+        self.close()
+
+    def _set_reading(self, on: bool) -> None:
+        if on != self._reading:
+            self._reading = on
+            if on:
+                self._loop.add_reader(self._fd, self._on_readable)
+            else:
+                self._loop.remove_reader(self._fd)
+
+    def _set_writing(self, on: bool) -> None:
+        if on != self._writing:
+            self._writing = on
+            if on:
+                self._loop.add_writer(self._fd, self._on_writable)
+            else:
+                self._loop.remove_writer(self._fd)
+
+
+class Server:
+    """The listener: ``await start()`` binds (``port`` 0 picks a free one; ``port`` then holds
+    the bound port), ``await close()`` stops everything within ``close_timeout_ms``. The
+    counters are plain attributes for metrics."""
+
+    def __init__(
+        self,
+        handler: RequestHandler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: ServerConfig | None = None,
+        listener: str = "PLAINTEXT",
+    ) -> None:
+        self.handler = handler
+        self.config = config or ServerConfig()
+        self.host = host
+        self.port = port
+        self.listener = listener
+        self.connections_open = 0
+        self.connections_accepted = 0  # including those refused for max_connections
+        self.connections_refused = 0
+        self.connections_closed = 0
+        self.requests_received = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self._connections: dict[int, _Connection] = {}
+        self._next_connection_id = 0
+        self._listening: socket.socket | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._accept_retry: asyncio.TimerHandle | None = None
+
+    async def start(self) -> None:
+        invariant(self._listening is None, "Server.start called twice")
+        loop = asyncio.get_running_loop()
+        found = await loop.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _, _, _, address = found[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._set_buffer_sizes(sock)
+            sock.bind(address)
+            sock.listen(self.config.listen_backlog)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._listening = sock
+        self.port = sock.getsockname()[1]
+        loop.add_reader(sock.fileno(), self._on_acceptable, sock)
+        self._background.append(loop.create_task(self._close_idle_connections()))
+        _log.debug("listener %s on %s:%d", self.listener, self.host, self.port)
+
+    async def close(self) -> None:
+        """Stop accepting, close every connection, cancel pending handler awaitables."""
+        if self._listening is not None:
+            asyncio.get_running_loop().remove_reader(self._listening.fileno())
+            self._listening.close()
+            self._listening = None
+        if self._accept_retry is not None:
+            self._accept_retry.cancel()
+        waiting: list[asyncio.Future[Any]] = [*self._background]
+        self._background.clear()
+        for task in waiting:
+            task.cancel()
+        for connection in list(self._connections.values()):
+            waiting.extend(connection.pending)
+            connection.close()
+        if waiting:
+            _, stuck = await asyncio.wait(waiting, timeout=self.config.close_timeout_ms / 1000)
+            if stuck:
+                _log.warning(
+                    "listener %s closed; %d handlers ignored cancellation",
+                    self.listener,
+                    len(stuck),
+                )
+
+    def _forget(self, connection: _Connection) -> None:
+        del self._connections[connection.info.connection_id]
+        self.connections_open -= 1
+        self.connections_closed += 1
+
+    def _on_acceptable(self, listening: socket.socket) -> None:
+        for _ in range(_ACCEPTS_PER_EVENT):
+            try:
+                sock, address = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, most likely: back off, do not spin
+                _log.error("listener %s cannot accept: %s", self.listener, exc)
+                self._pause_accepting(listening)
+                return
+            self._admit(sock, _format_peer(address))
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        self.connections_accepted += 1
+        if self.connections_open >= self.config.max_connections:
+            self.connections_refused += 1
+            limit = self.config.max_connections
+            _log.warning("refused a connection from %s: max_connections (%d) open", peer, limit)
+            sock.close()
+            return
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._set_buffer_sizes(sock)
+        except OSError as exc:
+            _log.debug("connection from %s failed at once: %s", peer, exc)
+            sock.close()
+            return
+        self._next_connection_id += 1
+        info = ConnectionInfo(peer, self._next_connection_id, self.listener)
+        connection = _Connection(self, sock, info)
+        self._connections[info.connection_id] = connection
+        self.connections_open += 1
+        connection.start()
+
+    def _pause_accepting(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(listening.fileno())
+        self._accept_retry = loop.call_later(
+            _ACCEPT_BACKOFF_S, loop.add_reader, listening.fileno(), self._on_acceptable, listening
+        )
+
+    async def _close_idle_connections(self) -> None:
+        idle_s = self.config.connections_max_idle_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(idle_s / 4, _IDLE_SWEEP_MAX_S))
+            since = loop.time() - idle_s
+            for connection in [c for c in self._connections.values() if c.idle_since(since)]:
+                connection.close_quietly(f"idle for over {self.config.connections_max_idle_ms} ms")
+
+    def _set_buffer_sizes(self, sock: socket.socket) -> None:
+        if self.config.socket_send_buffer_bytes != -1:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_send_buffer_bytes
+            )
+        if self.config.socket_receive_buffer_bytes != -1:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.socket_receive_buffer_bytes
+            )
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _format_peer(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

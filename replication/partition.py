@@ -1,0 +1,518 @@
+"""One partition replica on this broker: its log, its place in the partition (leader or
+follower, at which epochs), and the Kafka rules for appending to and reading from it.
+
+How this works. The broker's replica manager applies each metadata image's ``PartitionState``
+with ``make_leader`` or ``make_follower``; produce, fetch and list-offsets requests then call
+``append_as_leader``, ``read`` and ``offsets_for_timestamp``, which check the request against
+the replica's state (leadership, the client's leader epoch, acks, the ISR size) before they
+touch the log, and turn storage errors into the typed errors of ``replication.errors``.
+
+Roles and their legal transitions (an illegal one is a bug and raises InvariantViolation)::
+
+    NEW       -> LEADER | FOLLOWER | STOPPED     first state from the image, or never served
+    LEADER    -> LEADER | FOLLOWER | STOPPED     new epochs / ISR, leadership moved, removed
+    FOLLOWER  -> LEADER | FOLLOWER | STOPPED
+    STOPPED   (final: the topic was deleted or the replica moved away; its log is deleted)
+
+A state whose partition epoch is older than the one applied is ignored (the image only moves
+forward, but a caller could replay an old one); every role change is in memory only.
+
+Leader epochs and the log's epoch cache. ``make_leader`` with a new leader epoch writes
+nothing to disk: storage records ``(epoch, start offset)`` in the leader-epoch cache on the
+first append stamped with that epoch (``Log.append_as_leader``). Kafka's ``makeLeader``
+writes the entry at once, so that a follower asking for the end of an older epoch learns
+where the new one starts even before anything is appended in it; ``end_offset_for_epoch``
+gives that same answer from the start offset kept in memory (``leader_epoch_start_offset``),
+so the difference is invisible to clients, and becoming leader of many partitions costs no
+file writes.
+
+High watermark. In this issue a partition is served by its leader alone: after a leader
+append the high watermark moves to the log end (``high_watermark_after_append``), so an
+acks=-1 produce is complete as soon as it is appended. The replication issue replaces that
+one function with "the smallest log end offset in the ISR" and adds follower fetch state.
+Transactions are not supported, so the last stable offset is the high watermark and a
+read_committed fetch reads exactly what a read_uncommitted one does.
+
+Concurrency: not thread-safe. One owner (the broker's event loop) calls every method; the
+log beneath has its own lock, so a later issue may move appends to a worker thread.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from replication.errors import (
+    FencedLeaderEpoch,
+    InvalidRequiredAcks,
+    NotEnoughReplicas,
+    NotLeaderOrFollower,
+    RecordListTooLarge,
+    UnknownLeaderEpoch,
+    from_storage_error,
+)
+from storage.config import LogConfig
+from storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET
+from storage.errors import StorageError, invariant
+from storage.log import AppendInfo, FetchData, Isolation, Log
+from storage.records import Record, decode_batch
+
+__all__ = [
+    "EARLIEST_LOCAL_TIMESTAMP",
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIERED_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
+    "NO_LEADER_EPOCH",
+    "VALID_ACKS",
+    "AppendListener",
+    "OffsetAndTimestamp",
+    "Partition",
+    "PartitionKey",
+    "PartitionStateView",
+    "ReplicaState",
+    "Role",
+    "check_current_leader_epoch",
+    "check_min_insync",
+    "check_required_acks",
+    "end_offset_with_pending_epoch",
+    "high_watermark_after_append",
+    "is_stale",
+]
+
+# ListOffsets' special timestamps (Kafka's ListOffsetsRequest).
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3  # KIP-734
+EARLIEST_LOCAL_TIMESTAMP = -4  # KIP-405: no tiered storage here, so the same as earliest
+LATEST_TIERED_TIMESTAMP = -5  # KIP-1005: nothing is tiered, so there is no such offset
+NO_LEADER_EPOCH = -1  # a request's current leader epoch when the client does not check it
+NO_TIMESTAMP = -1
+VALID_ACKS = (-1, 0, 1)
+
+PartitionKey = tuple[str, int]  # (topic name, partition id)
+# Called with (key, bytes that became readable by consumers) when the high watermark moves.
+AppendListener = Callable[[PartitionKey, int], None]
+
+
+class PartitionStateView(Protocol):
+    """What the replica reads of a metadata image's ``PartitionState`` (controller/image.py);
+    a protocol, because replication does not import the controller."""
+
+    @property
+    def replicas(self) -> tuple[int, ...]: ...
+    @property
+    def isr(self) -> tuple[int, ...]: ...
+    @property
+    def leader(self) -> int: ...
+    @property
+    def leader_epoch(self) -> int: ...
+    @property
+    def partition_epoch(self) -> int: ...
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """A ListOffsets answer: the offset, and the record's timestamp (-1 for earliest/latest)."""
+
+    offset: int
+    timestamp: int
+
+
+class Role(enum.Enum):
+    NEW = "new"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    STOPPED = "stopped"
+
+
+_TRANSITIONS: dict[Role, frozenset[Role]] = {
+    Role.NEW: frozenset({Role.LEADER, Role.FOLLOWER, Role.STOPPED}),
+    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER, Role.STOPPED}),
+    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER, Role.STOPPED}),
+    Role.STOPPED: frozenset(),
+}
+
+
+# -- the pure part: epochs, acks and the high watermark ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """The partition as the latest applied image has it."""
+
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+    @classmethod
+    def of(cls, state: PartitionStateView) -> ReplicaState:
+        return cls(
+            state.leader,
+            state.leader_epoch,
+            state.partition_epoch,
+            tuple(state.replicas),
+            tuple(state.isr),
+        )
+
+
+def is_stale(current: ReplicaState | None, new: ReplicaState) -> bool:
+    """Whether ``new`` is older than what was applied (an equal epoch is applied again)."""
+    return current is not None and new.partition_epoch < current.partition_epoch
+
+
+def check_current_leader_epoch(ours: int, theirs: int) -> None:
+    """KIP-320: a request naming an older leader epoch is fenced (the client must refresh
+    its metadata), one naming a newer epoch is early (this broker has not caught up)."""
+    if theirs == NO_LEADER_EPOCH:
+        return
+    if theirs < ours:
+        raise FencedLeaderEpoch(f"leader epoch {theirs} is older than the current {ours}")
+    if theirs > ours:
+        raise UnknownLeaderEpoch(f"leader epoch {theirs} is newer than the current {ours}")
+
+
+def check_required_acks(required_acks: int) -> None:
+    if required_acks not in VALID_ACKS:
+        raise InvalidRequiredAcks(f"acks must be -1, 0 or 1, not {required_acks}")
+
+
+def check_min_insync(required_acks: int, isr_size: int, min_insync_replicas: int) -> None:
+    """acks=-1 is refused before anything is written while the ISR is too small."""
+    if required_acks == -1 and isr_size < min_insync_replicas:
+        raise NotEnoughReplicas(
+            f"the ISR has {isr_size} replicas, below min.insync.replicas {min_insync_replicas}"
+        )
+
+
+def high_watermark_after_append(log_end_offset: int) -> int:
+    """Where the leader's high watermark may move after an append.
+
+    In this issue a partition is served by its leader alone, so a write is committed once it
+    is in the leader's log: HW = LEO. This is the single place the replication issue
+    replaces with "HW = the smallest log end offset among the ISR" (followers' fetch
+    offsets), after which acks=-1 waits for the HW to pass the batch."""
+    return log_end_offset
+
+
+def end_offset_with_pending_epoch(
+    requested: int,
+    from_cache: tuple[int, int],
+    latest_cached: int | None,
+    pending: tuple[int, int] | None,
+    log_end_offset: int,
+) -> tuple[int, int]:
+    """Answer OffsetsForLeaderEpoch as if the leader's own epoch were in the epoch cache.
+
+    ``from_cache`` is the cache's answer; ``pending`` is (leader epoch, its start offset)
+    when this leader has not appended in its epoch yet (the cache does not hold it, see the
+    module doc). Kafka's cache would hold it, and answers so: the requested epoch itself ends
+    at the log end, a newer one is unknown, and any older one ends where ours starts unless a
+    cached epoch above it ends it sooner."""
+    if pending is None:
+        return from_cache
+    epoch, start = pending
+    if requested == UNDEFINED_EPOCH or requested > epoch:
+        return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+    if requested == epoch:
+        return epoch, log_end_offset
+    if latest_cached is None:
+        return requested, start  # older than every epoch known: ends where ours starts
+    if requested >= latest_cached:
+        return latest_cached, start
+    return from_cache
+
+
+# -- the replica ---------------------------------------------------------------------------------
+
+
+class Partition:
+    """One replica of ``topic``/``partition_id`` on broker ``local_broker_id``."""
+
+    def __init__(
+        self,
+        topic: str,
+        topic_id: bytes,
+        partition_id: int,
+        log: Log,
+        *,
+        local_broker_id: int,
+        min_insync_replicas: int = 1,
+    ) -> None:
+        if min_insync_replicas < 1:
+            raise ValueError(f"min_insync_replicas must be at least 1, got {min_insync_replicas}")
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition_id = partition_id
+        self.key: PartitionKey = (topic, partition_id)
+        self.log = log
+        self.local_broker_id = local_broker_id
+        self.min_insync_replicas = min_insync_replicas
+        self.role = Role.NEW
+        self.state: ReplicaState | None = None
+        # Where the current leader epoch starts (the LEO when this replica became its
+        # leader); None when not leader. See the module doc on epochs.
+        self.leader_epoch_start_offset: int | None = None
+        self.on_append: list[AppendListener] = []
+
+    def __repr__(self) -> str:
+        epoch = self.leader_epoch
+        return f"Partition({self.topic}-{self.partition_id}, {self.role.value}, epoch {epoch})"
+
+    # -- state from the image ----------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    @property
+    def leader_id(self) -> int:
+        return -1 if self.state is None else self.state.leader
+
+    @property
+    def leader_epoch(self) -> int:
+        return NO_LEADER_EPOCH if self.state is None else self.state.leader_epoch
+
+    @property
+    def partition_epoch(self) -> int:
+        return -1 if self.state is None else self.state.partition_epoch
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return () if self.state is None else self.state.replicas
+
+    @property
+    def isr(self) -> tuple[int, ...]:
+        return () if self.state is None else self.state.isr
+
+    def make_leader(self, state: PartitionStateView) -> bool:
+        """Lead the partition as ``state`` says; False (nothing changed) if it is stale."""
+        new = ReplicaState.of(state)
+        invariant(
+            new.leader == self.local_broker_id,
+            f"{self}: make_leader with leader {new.leader}, not this broker",
+        )
+        if is_stale(self.state, new):
+            return False
+        if self.role is not Role.LEADER or new.leader_epoch != self.leader_epoch:
+            self.leader_epoch_start_offset = self.log.log_end_offset
+        self._transition(Role.LEADER, new)
+        return True
+
+    def make_follower(self, state: PartitionStateView) -> bool:
+        """Follow the partition's leader (or wait for one: leader -1); False if stale."""
+        new = ReplicaState.of(state)
+        invariant(
+            new.leader != self.local_broker_id and self.local_broker_id in new.replicas,
+            f"{self}: make_follower with leader {new.leader}, replicas {new.replicas}",
+        )
+        if is_stale(self.state, new):
+            return False
+        self.leader_epoch_start_offset = None
+        self._transition(Role.FOLLOWER, new)
+        return True
+
+    def stop(self) -> None:
+        """Stop serving for good (the topic is gone or the replica moved away): every later
+        request is NOT_LEADER_OR_FOLLOWER. The owner deletes the log afterwards."""
+        if self.role is not Role.STOPPED:
+            self._transition(Role.STOPPED, self.state)
+        self.leader_epoch_start_offset = None
+
+    def update_config(self, config: LogConfig, min_insync_replicas: int) -> None:
+        """A topic config change: limits apply from the next call (index sizes from the next
+        segment, since open segments keep their pre-allocated indexes)."""
+        if min_insync_replicas < 1:
+            raise ValueError(f"min_insync_replicas must be at least 1, got {min_insync_replicas}")
+        self.log.config = config
+        self.min_insync_replicas = min_insync_replicas
+
+    def _transition(self, role: Role, state: ReplicaState | None) -> None:
+        invariant(
+            role in _TRANSITIONS[self.role], f"{self}: illegal transition {self.role} -> {role}"
+        )
+        self.role = role
+        self.state = state
+
+    # -- requests ------------------------------------------------------------------------------
+    def check_leader_epoch(self, current_leader_epoch: int) -> None:
+        """FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale / early client epoch
+        (-1: the client does not check)."""
+        check_current_leader_epoch(self.leader_epoch, current_leader_epoch)
+
+    def _require_leader(self, current_leader_epoch: int = NO_LEADER_EPOCH) -> None:
+        # Kafka's order: the epoch first (it tells the client more), then leadership.
+        self.check_leader_epoch(current_leader_epoch)
+        if self.role is not Role.LEADER:
+            raise NotLeaderOrFollower(
+                f"broker {self.local_broker_id} is not the leader of {self.topic}-"
+                f"{self.partition_id} (leader {self.leader_id}, epoch {self.leader_epoch})"
+            )
+
+    def append_as_leader(
+        self, data: bytes | bytearray | memoryview, required_acks: int
+    ) -> AppendInfo:
+        """Append a produce request's batches for this partition; the log assigns offsets
+        and stamps the leader epoch. Checks, in Kafka's order: acks, leadership, the ISR
+        size for acks=-1, the request size; a failed check or a refused batch appends
+        nothing. The high watermark then moves (module doc) and ``on_append`` hears of it."""
+        check_required_acks(required_acks)
+        self._require_leader()
+        check_min_insync(required_acks, len(self.isr), self.min_insync_replicas)
+        size, segment_bytes = memoryview(data).nbytes, self.log.config.segment_bytes
+        if size > segment_bytes:
+            raise RecordListTooLarge(
+                f"a {size}-byte produce request exceeds the segment size {segment_bytes}"
+            )
+        try:
+            info = self.log.append_as_leader(data, self.leader_epoch)
+            visible = self._advance_high_watermark()
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        if visible and not info.duplicate:
+            for listener in self.on_append:
+                listener(self.key, info.size_bytes)
+        return info
+
+    def _advance_high_watermark(self) -> bool:
+        return self.log.maybe_increment_high_watermark(
+            high_watermark_after_append(self.log.log_end_offset)
+        )
+
+    def read(
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        current_leader_epoch: int = NO_LEADER_EPOCH,
+        isolation: Isolation | str = Isolation.HIGH_WATERMARK,
+        min_one_batch: bool = True,
+        replica_id: int = -1,
+    ) -> FetchData:
+        """A zero-copy slice of batches from ``fetch_offset``: up to the high watermark for
+        a consumer (read_committed too: LSO = HW, no transactions), the log end for
+        ``isolation="log_end"`` or a replica (``replica_id >= 0``). Served by the leader
+        only; follower fetch state (the follower's LEO, the ISR) comes with replication."""
+        self._require_leader(current_leader_epoch)
+        bound = Isolation.LOG_END if replica_id >= 0 else Isolation(isolation)
+        try:
+            return self.log.read(
+                fetch_offset, max_bytes, isolation=bound, min_one_batch=min_one_batch
+            )
+        except StorageError as e:
+            raise from_storage_error(e) from e
+
+    def offsets_for_timestamp(
+        self,
+        timestamp: int,
+        *,
+        current_leader_epoch: int = NO_LEADER_EPOCH,
+        isolation: Isolation | str = Isolation.HIGH_WATERMARK,
+    ) -> OffsetAndTimestamp | None:
+        """ListOffsets on the leader. -2 (earliest): (log start, -1); -1 (latest): (the high
+        watermark, or the log end for ``isolation="log_end"``, -1); -3 (max timestamp): the
+        record with the largest timestamp; a timestamp >= 0: the first record whose
+        timestamp is at least that, found through the time index. None when there is no
+        such record below the bound (the handler answers offset -1)."""
+        self._require_leader(current_leader_epoch)
+        log = self.log
+        bound = log.high_watermark
+        if Isolation(isolation) is Isolation.LOG_END:
+            bound = log.log_end_offset
+        if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+            return OffsetAndTimestamp(log.log_start_offset, NO_TIMESTAMP)
+        if timestamp == LATEST_TIMESTAMP:
+            return OffsetAndTimestamp(bound, NO_TIMESTAMP)
+        if timestamp == LATEST_TIERED_TIMESTAMP:
+            return None
+        try:
+            found = self._max_timestamp() if timestamp == MAX_TIMESTAMP else self._search(timestamp)
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        return found if found is not None and found.offset < bound else None
+
+    def _search(self, timestamp: int) -> OffsetAndTimestamp | None:
+        found = self.log.offset_for_timestamp(timestamp)
+        if found is None:
+            return None
+        batch_offset, batch_max_timestamp = found
+        # The index finds the batch; Kafka answers with the record inside it.
+        record = self._first_record(
+            batch_offset, lambda r: r.offset >= batch_offset and r.timestamp >= timestamp
+        )
+        if record is None:  # a batch whose header max timestamp disagrees with its records
+            return OffsetAndTimestamp(batch_offset, batch_max_timestamp)
+        return OffsetAndTimestamp(record.offset, record.timestamp)
+
+    def _max_timestamp(self) -> OffsetAndTimestamp | None:
+        """KIP-734 from the segments' own (max timestamp, its batch's last offset): the first
+        segment holding the largest, then the first record of that batch carrying it.
+
+        As exact as the segments' figures: exact for rolled segments and for anything
+        appended since start-up; after a restart the active segment's figure comes from its
+        sparse time index, so a later record with a larger timestamp may be missed until the
+        segment rolls (Kafka writes the final time-index entry on close; storage does not)."""
+        best = None
+        for segment in self.log.segments:
+            if segment.max_timestamp >= 0 and (
+                best is None or segment.max_timestamp > best.max_timestamp
+            ):
+                best = segment
+        if best is None:
+            return None
+        max_timestamp, last_offset = best.max_timestamp, best.offset_of_max_timestamp
+        record = self._first_record(last_offset, lambda r: r.timestamp == max_timestamp)
+        offset = last_offset if record is None else record.offset
+        return OffsetAndTimestamp(offset, max_timestamp)
+
+    def _first_record(self, offset: int, wanted: Callable[[Record], bool]) -> Record | None:
+        """The first record matching ``wanted`` in the batch holding ``offset`` (one batch
+        decoded, within the log's decompression limit)."""
+        data = self.log.read(offset, 1, isolation=Isolation.LOG_END, min_one_batch=True)
+        if data.slice is None:
+            return None
+        batch = decode_batch(
+            data.slice.read(), max_uncompressed_bytes=self.log.config.max_decompressed_batch_bytes
+        )
+        # Decoding gives LogAppendTime batches' records the append time, so they match too.
+        return next((r for r in batch.records if wanted(r)), None)
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch on the leader: (the largest epoch <= ``leader_epoch`` this
+        log knows, where it ends), or (-1, -1). Includes the current epoch even before its
+        first append (module doc)."""
+        self._require_leader()
+        log = self.log
+        latest = log.epoch_cache.latest_epoch
+        pending = None
+        if self.leader_epoch_start_offset is not None and (
+            latest is None or latest < self.leader_epoch
+        ):
+            pending = (self.leader_epoch, self.leader_epoch_start_offset)
+        return end_offset_with_pending_epoch(
+            leader_epoch,
+            log.end_offset_for_epoch(leader_epoch),
+            latest,
+            pending,
+            log.log_end_offset,
+        )
+
+    # -- offsets -------------------------------------------------------------------------------
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark
+
+    @property
+    def last_stable_offset(self) -> int:
+        """No transactions: nothing is pending below the high watermark."""
+        return self.log.high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset

@@ -1,0 +1,45 @@
+"""Which brokers a Kafka-client command (``runnel produce``, ``runnel consume``) dials.
+
+``--bootstrap HOST:PORT[,HOST:PORT]`` names brokers' client listeners; without it, the local
+cluster of ``--data-dir`` (``runnel cluster up``) gives its brokers' CLIENT addresses.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runnel.admin import DEFAULT_DATA_DIR, parse_bootstrap
+from runnel.commands import CommandError
+from runnel.local_cluster import ClusterSpec
+
+__all__ = ["add_broker_options", "resolve_brokers"]
+
+
+def add_broker_options(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="brokers' client listeners; default: the local cluster's, from --data-dir",
+    )
+    target.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        metavar="DIR",
+        help=f"the local cluster's data dir (default: ./{DEFAULT_DATA_DIR})",
+    )
+
+
+def resolve_brokers(args: argparse.Namespace) -> str:
+    """``host:port,...`` of the brokers to bootstrap from."""
+    if args.bootstrap is not None:
+        return ",".join(parse_bootstrap(args.bootstrap))
+    cluster = ClusterSpec.load(args.data_dir)
+    if cluster is None:
+        raise CommandError(
+            f"no local cluster in {args.data_dir.absolute()} (no cluster.json): start one with "
+            "`runnel cluster up`, or name brokers with --bootstrap HOST:PORT"
+        )
+    return cluster.kafka_bootstrap
