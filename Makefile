@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CLUSTER_DIR := data/cluster
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install system-deps run test lint typecheck unit bench clean
 
 install: $(STAMP)
 
@@ -27,7 +27,14 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy storage raft runnel bench controller broker replication
 
-unit: install
+# kcat (Debian's package) for the kcat compatibility tests; they skip, saying why, without it.
+system-deps:
+	@command -v kcat >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& apt-get install -y -qq kcat >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq kcat >/dev/null 2>&1; }; } \
+		|| echo "kcat not installed (apt-get install kcat): its tests will skip"
+
+unit: install system-deps
 	$(PY) -m pytest -n 2 -q
 
 test: lint typecheck unit
@@ -36,6 +43,8 @@ bench: install
 	$(PY) -m bench.storage
 	$(PY) -m bench.raft
 	$(PY) -m bench.metadata
+	$(PY) -m bench.codec
+	$(PY) -m bench.produce_consume
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis
