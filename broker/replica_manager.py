@@ -93,6 +93,9 @@ _MIN_ISR = "min.insync.replicas"
 _TOPIC = int(ConfigResourceType.TOPIC)
 _BROKER = int(ConfigResourceType.BROKER)
 _CLUSTER_DEFAULT = ""  # the resource name of the cluster-wide broker configs
+# New logs one ``apply`` creates (a few ms each, with fsyncs): more wait for the next call,
+# so an image with thousands of new partitions here cannot stall the event loop for seconds.
+MAX_NEW_LOGS_PER_APPLY = 200
 
 
 # -- partition.metadata ----------------------------------------------------------------------
@@ -217,6 +220,8 @@ class ReplicaManager:
         self.log_defaults = log_defaults or log_manager.default_config
         self.strays_deleted = 0
         self._strays_pending = True
+        self.max_new_logs_per_apply = MAX_NEW_LOGS_PER_APPLY
+        self._new_logs_left = 0
         self._image: MetadataImage | None = None
         self._topics: dict[str, dict[int, Partition]] = {}  # by topic name, partition id
         self._names: dict[bytes, str] = {}  # topic id -> name, for topics held here
@@ -239,13 +244,16 @@ class ReplicaManager:
         return [p for held in self._topics.values() for p in held.values()]
 
     # -- applying an image ---------------------------------------------------------------------
-    def apply(self, image: MetadataImage) -> None:
-        """Make this broker's partitions what ``image`` says (module doc)."""
+    def apply(self, image: MetadataImage) -> bool:
+        """Make this broker's partitions what ``image`` says (module doc). False when it
+        stopped after ``max_new_logs_per_apply`` new logs: call again (with this image or a
+        newer one) to go on; everything done so far is kept and not done twice."""
         previous = self._image
         if image is previous:
-            return
+            return True
         before = MetadataImage.EMPTY if previous is None else previous
         self._image = image
+        self._new_logs_left = self.max_new_logs_per_apply
         configs = _config_changes(before, image, self.broker_id)
         if configs.every_topic:
             self._settings.clear()
@@ -267,6 +275,10 @@ class ReplicaManager:
             names = self._topics.keys() if configs.every_topic else configs.topics
             for name in list(names):
                 self._update_settings(name)
+        if self._new_logs_left < 0:  # stopped early: the next call diffs from ``previous``
+            self._image = previous
+            return False
+        return True
 
     def _apply_topic(self, topic: TopicImage, old: TopicImage | None) -> None:
         for partition_id, state in topic.partitions.items():
@@ -286,6 +298,9 @@ class ReplicaManager:
             self._remove(topic.name, state.partition_id, "topic created again")
             partition = None
         if partition is None:
+            self._new_logs_left -= 1
+            if self._new_logs_left < 0:
+                return  # over this call's budget (apply returns False)
             partition = self._create(topic, state.partition_id)
             if partition is None:
                 return

@@ -74,6 +74,7 @@ class KafkaBroker:
             listener=settings.listener_name,
         )
         self._image = MetadataImage.EMPTY
+        self._apply_scheduled = False
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
 
@@ -105,8 +106,15 @@ class KafkaBroker:
     def _apply(self, image: MetadataImage) -> None:
         if image.offset < self._image.offset:
             return
-        self.replicas.apply(image)
         self._image = image
+        if not self.replicas.apply(image) and not self._apply_scheduled:
+            # Many new partitions here: the rest in later loop turns (serving meanwhile).
+            self._apply_scheduled = True
+            asyncio.get_running_loop().call_soon(self._apply_rest)
+
+    def _apply_rest(self) -> None:
+        self._apply_scheduled = False
+        self._apply(self._image)
 
     async def stop(self) -> None:
         await self.server.close()

@@ -112,6 +112,20 @@ def test_a_new_topic_gets_logs_for_the_partitions_assigned_here(broker: Broker) 
     assert led.high_watermark == 1
 
 
+def test_many_new_partitions_are_created_a_bounded_number_per_apply(broker: Broker) -> None:
+    broker.replicas.max_new_logs_per_apply = 2
+    cluster = Cluster()
+    image = cluster.replay(
+        rec.topic("wide", EVENTS),
+        *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(5)),
+    )
+    done = [broker.replicas.apply(image) for _ in range(3)]
+    assert done == [False, False, True]
+    assert sorted(p.partition_id for p in broker.replicas.partitions()) == list(range(5))
+    assert all(p.is_leader for p in broker.replicas.partitions())
+    assert broker.replicas.apply(image)  # nothing left to do
+
+
 def test_partition_metadata_is_kafka_s_file(broker: Broker) -> None:
     broker.replicas.apply(Cluster().replay(*orders()))
     text = (broker.data_dir / "orders-0" / PARTITION_METADATA_FILE).read_text()
