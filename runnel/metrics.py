@@ -96,6 +96,41 @@ class NodeCollector(Collector):
                     [node_id, name], 1.0 if node.lifecycle.state.value == name else 0.0
                 )
             yield state
+        if node.kafka is not None:
+            yield from _kafka_metrics(node, node_id)
+
+
+def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily]:
+    """The Kafka listener and the partitions held here (plain attribute reads)."""
+    kafka = node.kafka
+    if kafka is None:
+        return
+    server, labels = kafka.server, ["node_id"]
+    for name, doc, value in (
+        ("connections_open", "Client connections open now", server.connections_open),
+        ("connections_accepted", "Client connections accepted so far", server.connections_accepted),
+        ("requests_received", "Kafka requests received so far", server.requests_received),
+        ("bytes_received", "Bytes read from clients so far", server.bytes_received),
+        ("bytes_sent", "Bytes sent to clients so far (sendfile included)", server.bytes_sent),
+        ("fetches_waiting", "Fetches parked for data now", kafka.purgatory.waiting),
+    ):
+        yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
+    by_api = GaugeMetricFamily(
+        "runnel_kafka_requests_by_api", "Kafka requests served so far, by API key",
+        labels=[*labels, "api_key"],
+    )  # fmt: skip
+    for api_key, count in sorted(kafka.dispatcher.requests_by_api.items()):
+        by_api.add_metric([node_id, str(api_key)], float(count))
+    yield by_api
+    try:
+        partitions = kafka.replicas.partitions()
+    except RuntimeError:  # the event loop changed the set while this thread walked it
+        return
+    yield _gauge(
+        "runnel_kafka_partitions", "Partition replicas held here", labels, node_id, len(partitions)
+    )
+    leaders = sum(1 for p in partitions if p.is_leader)
+    yield _gauge("runnel_kafka_leaders", "Partitions led here", labels, node_id, leaders)
 
 
 def _gauge(name: str, doc: str, labels: list[str], node_id: str, value: float) -> GaugeMetricFamily:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.lifecycle import BrokerState
@@ -44,6 +45,12 @@ def scrape(port: int) -> str:
     return text
 
 
+async def _until(done: Callable[[], bool], timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not done():
+            await asyncio.sleep(0.02)
+
+
 def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> None:
     path, controller_port, metrics_port = write_config(tmp_path)
     config = load_config(path, {})
@@ -65,6 +72,13 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             assert 'runnel_broker_state{node_id="1",state="running"} 1.0' in metrics
             assert 'runnel_raft_role{node_id="1",role="leader"} 1.0' in metrics
             assert 'runnel_metadata_partitions{node_id="1"} 2.0' in metrics
+            # the broker's image shows the topic once its logs exist; then metrics say so
+            await _until(
+                lambda: node.kafka is not None and len(node.kafka.replicas.partitions()) == 2
+            )
+            metrics = await asyncio.to_thread(scrape, metrics_port)
+            assert 'runnel_kafka_leaders{node_id="1"} 2.0' in metrics
+            assert 'runnel_kafka_requests_received{node_id="1"} 0.0' in metrics
         finally:
             await node.stop()  # controlled shutdown first
             await client.close()
