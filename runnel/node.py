@@ -156,9 +156,24 @@ class RunnelNode:
             await self.lifecycle.start()
         if self.kafka is not None and self.lifecycle is not None:
             await self.lifecycle.wait_for(BrokerState.RUNNING, UNFENCE_TIMEOUT_S)
+            await self._until_unfenced_in_own_image()
             await self.kafka.start(self.machine.image)
         roles = ",".join(sorted(r.value for r in self.config.process_roles))
         _log.info("node %d started (%s) on %s", self.config.node_id, roles, self.transport.address)
+
+    async def _until_unfenced_in_own_image(self) -> None:
+        """The controller says "unfenced" before this observer has replicated the record;
+        clients must not be served an image in which this broker is still fenced (Metadata
+        would list no broker at all)."""
+        node_id = self.config.node_id
+
+        def unfenced() -> bool:
+            registration = self.machine.image.brokers.get(node_id)
+            return registration is not None and not registration.fenced
+
+        async with asyncio.timeout(UNFENCE_TIMEOUT_S):
+            while not unfenced():
+                await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         if self.lifecycle is not None:
