@@ -89,7 +89,7 @@ class KafkaDispatcher:
         level = logging.DEBUG if header.api_key == ApiKey.API_VERSIONS else logging.WARNING
         _log.log(
             level,
-            "unsupported request api_key=%d api_version=%d client_id=%s peer=%s",
+            "unsupported request api_key=%d api_version=%d client_id=%r peer=%s",
             header.api_key,
             header.api_version,
             header.client_id,

@@ -179,7 +179,16 @@ class _Connection:
             return
         if count == 0:
             unread = self._reader.buffered_bytes
-            self.close_quietly(f"closed by the peer{f' mid-frame ({unread} bytes)' * bool(unread)}")
+            if unread:  # a truncated request: worth an operator's eye, unlike a plain close
+                _log.warning(
+                    "closing connection %d from %s: closed by the peer mid-frame (%d bytes)",
+                    self.info.connection_id,
+                    self.info.peer,
+                    unread,
+                )
+                self.close()
+            else:
+                self.close_quietly("closed by the peer")
             return
         self._reader.received(count)
         self._server.bytes_received += count

@@ -50,7 +50,7 @@ from storage.errors import (
     invariant,
 )
 from storage.producer_state import ProducerStateManager
-from storage.records import decode_batch
+from storage.records import check_record_framing, decode_batch
 from storage.segment import BatchPosition, FileSlice, LogSegment, open_segment
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
@@ -289,7 +289,14 @@ class Log:
                         f"{header.last_offset_delta}"
                     )
                 if self.config.compact:
-                    self._require_keys(view, position)
+                    self._require_keys(view, position)  # decodes every record anyway
+                else:
+                    check_record_framing(
+                        view,
+                        position,
+                        header,
+                        max_uncompressed_bytes=self.config.max_decompressed_batch_bytes,
+                    )
             elif header.base_offset <= previous_last:
                 raise InvalidRecordError(
                     f"follower batch offsets not increasing: {header.base_offset} after "

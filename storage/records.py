@@ -241,6 +241,46 @@ def decode_batch(
     return DecodedBatch(header, records)
 
 
+def check_record_framing(
+    buf: _Buffer,
+    pos: int,
+    header: BatchHeader,
+    *,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> None:
+    """Check that the (CRC-valid) batch at ``pos`` holds exactly ``record_count`` records
+    whose length prefixes tile its records section, decompressing it first if needed: what
+    a leader checks before appending, so that a producer's well-checksummed garbage cannot
+    reach consumers. It walks lengths only (one varint per record, no objects); the
+    records' inner fields are decoded by readers (``decode_batch``). Raises
+    CorruptRecordError."""
+    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size_bytes]
+    try:
+        data = codecs.decompress(header.compression, section, max_uncompressed_bytes)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"batch at offset {header.base_offset}: {e}") from e
+    data = bytes(data)  # one memcpy: indexing bytes is several times cheaper than a view
+    end, at, count = len(data), 0, 0
+    while at < end:
+        first = data[at]
+        if first < 0x80:  # bodies under 64 bytes: one byte (zigzag), inline
+            length, at = (first >> 1) ^ -(first & 1), at + 1
+        elif at + 1 < end and data[at + 1] < 0x80:  # under 8 KiB: two bytes, inline
+            raw = (first & 0x7F) | (data[at + 1] << 7)
+            length, at = (raw >> 1) ^ -(raw & 1), at + 2
+        else:
+            length, at = _read_varint(data, at, end)
+        if length < _MIN_RECORD_BODY_BYTES:
+            break
+        at += length
+        count += 1
+    if at != end or count != header.record_count:
+        raise CorruptRecordError(
+            f"batch at offset {header.base_offset} declares {header.record_count} records; "
+            f"its {end}-byte records section does not hold them"
+        )
+
+
 def iter_decoded(
     buf: _Buffer, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
 ) -> Iterator[DecodedBatch]:

@@ -30,6 +30,7 @@ __all__ = ["init_producer_id", "produce"]
 
 _log = logging.getLogger(__name__)
 VALID_ACKS = (-1, 0, 1)
+INVALID_RECORD_FROM = 8  # the first Produce version that knows INVALID_RECORD
 
 
 def _failed(index: int, code: int, message: str | None = None) -> dict[str, Any]:
@@ -43,13 +44,18 @@ def _failed(index: int, code: int, message: str | None = None) -> dict[str, Any]
     }
 
 
-def _append(partition: Partition, index: int, records: Any, acks: int) -> dict[str, Any]:
+def _append(
+    partition: Partition, index: int, records: Any, acks: int, version: int
+) -> dict[str, Any]:
     if records is None:
         return _failed(index, ErrorCode.CORRUPT_MESSAGE, "no records")
     try:
         info = partition.append_as_leader(records, acks)
     except ReplicationError as e:
-        return _failed(index, e.code, str(e))
+        # INVALID_RECORD exists from Produce v8; older clients know it as CORRUPT_MESSAGE.
+        legacy = getattr(e, "legacy_code", None)
+        code = legacy if legacy is not None and version < INVALID_RECORD_FROM else e.code
+        return _failed(index, code, str(e))
     except Exception as e:  # a bug: logged; the other partitions still get their answer
         return _failed(index, error_code_of(e))
     return {
@@ -79,7 +85,7 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
             else:
                 found = lookup_partition(context, image, topic.name, data.index)
                 if isinstance(found, Partition):
-                    result = _append(found, data.index, data.records, acks)
+                    result = _append(found, data.index, data.records, acks, header.api_version)
                 else:
                     result = _failed(data.index, found)
             failures += result["error_code"] != ErrorCode.NONE

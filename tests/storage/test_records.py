@@ -34,6 +34,7 @@ from storage.records import (
     Record,
     RecordInput,
     build_batch,
+    check_record_framing,
     decode_batch,
     iter_decoded,
 )
@@ -479,3 +480,48 @@ def test_mutated_records_raise_typed_errors(
         section[position % len(section)] = value
     payload = codecs.compress(codec, section)
     assert_only_typed_errors(with_section(batch, payload, attributes=int(codec)))
+
+
+# -- the leader's framing check ----------------------------------------------------------------
+
+
+def _recrc(data: bytearray) -> bytearray:
+    """Recompute the CRC after a change, as a buggy producer that checksums garbage would."""
+    struct.pack_into(">I", data, CRC_START - 4, compute_crc(data, 0, len(data)))
+    return data
+
+
+@given(
+    values=st.lists(st.binary(max_size=300) | st.none(), min_size=1, max_size=40),
+    codec=st.sampled_from(list(CompressionType)),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_well_formed_batches_pass_the_framing_check(
+    values: list[bytes | None], codec: CompressionType
+) -> None:
+    data = build_batch([RecordInput(b"k", v, 1_000) for v in values], compression=codec)
+    check_record_framing(data, 0, decode_batch(data).header)
+
+
+def test_a_checksummed_batch_whose_records_do_not_tile_its_section_is_refused() -> None:
+    data = bytearray(build_batch([RecordInput(None, b"v" * 100, 1_000) for _ in range(3)]))
+    header = decode_batch(bytes(data)).header
+    garbage = _recrc(bytearray(data[:HEADER_SIZE]) + b"\x7f" * (len(data) - HEADER_SIZE))
+    with pytest.raises(CorruptRecordError, match="does not hold them"):
+        check_record_framing(garbage, 0, header)
+    fewer = bytearray(data)
+    struct.pack_into(">i", fewer, HEADER_SIZE - 4, 4)  # record count 4, three inside
+    with pytest.raises(CorruptRecordError, match="declares 4 records"):
+        check_record_framing(_recrc(fewer), 0, header._replace(record_count=4))
+
+
+def test_a_checksummed_batch_that_does_not_decompress_is_refused() -> None:
+    data = bytearray(
+        build_batch([RecordInput(None, b"v" * 100, 1_000)], compression=CompressionType.GZIP)
+    )
+    data[HEADER_SIZE + 12] ^= 0xFF
+    header = decode_batch(
+        build_batch([RecordInput(None, b"v" * 100, 1_000)], compression=CompressionType.GZIP)
+    ).header
+    with pytest.raises(CorruptRecordError):
+        check_record_framing(_recrc(data), 0, header)
