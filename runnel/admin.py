@@ -31,6 +31,7 @@ __all__ = [
     "add_target_options",
     "call",
     "error_name",
+    "add_data_dir_option",
     "parse_bootstrap",
     "resolve_controllers",
 ]
@@ -61,6 +62,11 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
         help="controller addresses (the Kafka listener comes with a later issue); "
         "default: the local cluster's, from --data-dir",
     )
+    add_data_dir_option(target)
+
+
+def add_data_dir_option(target: argparse._MutuallyExclusiveGroup) -> None:
+    """``--data-dir``: the local cluster a command reaches when no address is given."""
     target.add_argument(
         "--data-dir",
         type=Path,

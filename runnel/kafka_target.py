@@ -7,9 +7,8 @@ cluster of ``--data-dir`` (``runnel cluster up``) gives its brokers' CLIENT addr
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from runnel.admin import DEFAULT_DATA_DIR, parse_bootstrap
+from runnel.admin import add_data_dir_option, parse_bootstrap
 from runnel.commands import CommandError
 from runnel.local_cluster import ClusterSpec
 
@@ -23,13 +22,7 @@ def add_broker_options(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,HOST:PORT]",
         help="brokers' client listeners; default: the local cluster's, from --data-dir",
     )
-    target.add_argument(
-        "--data-dir",
-        type=Path,
-        default=DEFAULT_DATA_DIR,
-        metavar="DIR",
-        help=f"the local cluster's data dir (default: ./{DEFAULT_DATA_DIR})",
-    )
+    add_data_dir_option(target)
 
 
 def resolve_brokers(args: argparse.Namespace) -> str:
