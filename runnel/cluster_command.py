@@ -39,11 +39,14 @@ from runnel.commands import (
     positive_int,
     set_handler,
 )
+from runnel.kafka_probe import listed_brokers
 from runnel.local_cluster import (
     DEFAULT_BASE_PORT,
     DEFAULT_BROKERS,
     DEFAULT_CONTROLLERS,
+    HOST,
     ClusterSpec,
+    Port,
     process_alive,
     read_pid,
 )
@@ -224,13 +227,26 @@ def _wait_healthy(
         if signals.stopping:
             raise CommandError("interrupted before the cluster was healthy")
         status = gather(controllers, timeout_s=0)
-        problems = status.unhealthy()
+        problems = status.unhealthy() or _kafka_problems(cluster)
         if not problems:
             return
         if time.monotonic() >= deadline:
             why = f"not healthy after {timeout_s} s: {'; '.join(problems)}"
             raise CommandError(_failure(cluster, why, _suspects(cluster, status, supervisor)))
         time.sleep(POLL_INTERVAL_S)
+
+
+def _kafka_problems(cluster: ClusterSpec) -> list[str]:
+    """Brokers whose Kafka listener is not up yet or does not list every broker."""
+    brokers = [n for n in cluster.nodes() if not n.is_controller]
+    everyone = sorted(n.node_id for n in brokers)
+    problems = []
+    for node in brokers:
+        listed = listed_brokers(HOST, node.ports[Port.CLIENT])
+        if listed != everyone:
+            seen = "does not answer" if listed is None else f"lists brokers {listed}"
+            problems.append(f"broker {node.node_id}'s Kafka listener {seen}")
+    return problems
 
 
 def _crashing(supervisor: Supervisor) -> dict[int, str]:

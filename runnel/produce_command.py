@@ -30,7 +30,8 @@ __all__ = ["register"]
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ACKS = ("all", "1", "0")
-MAX_QUEUED_RECORDS = 100_000  # records buffered in the client before produce() blocks
+MAX_QUEUED_RECORDS = 100_000
+METADATA_TIMEOUT_S = 10.0  # records buffered in the client before produce() blocks
 
 
 def register(groups: Subparsers) -> None:
@@ -61,6 +62,21 @@ def _headers(items: list[str]) -> list[tuple[str, str | bytes | None]]:
     return out
 
 
+def _require_topic(producer: Any, topic: str) -> None:
+    """Fail at once, by name, for a topic that does not exist: librdkafka would otherwise
+    hold the records until they time out (auto-creation is off by default)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        found = producer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+    except KafkaException as e:
+        raise CommandError(f"cannot reach the cluster: {e}") from None
+    error = found.error if found is not None else None
+    if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise CommandError(f"topic {topic!r} does not exist")
+    # Any other error (LEADER_NOT_AVAILABLE: being created) is for the producer to retry.
+
+
 def _produce(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException, Producer
 
@@ -75,6 +91,7 @@ def _produce(args: argparse.Namespace) -> int:
             "queue.buffering.max.messages": MAX_QUEUED_RECORDS,
         }
     )
+    _require_topic(producer, args.topic)
     failures: list[str] = []
     delivered = 0
 
