@@ -5,8 +5,9 @@
                          [--idempotent] [--timeout-s S] [--bootstrap HOST:PORT | --data-dir DIR]
 
 Each input line is one record's value (without its newline); with ``--key-separator`` the
-text before the first separator is the key. Every record is acknowledged by the cluster or
-reported: the command prints how many were delivered and exits 1 if any failed.
+text before the first separator is the key (a line without it has no key). Every record is
+acknowledged by the cluster or reported: the command prints how many were delivered and
+exits 1 if any failed.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ def _produce(args: argparse.Namespace) -> int:
         value = line.rstrip(b"\n")
         key = None
         if args.key_separator is not None:
-            key, _, value = value.partition(args.key_separator.encode())
+            before, found, after = value.partition(args.key_separator.encode())
+            if found:  # a line without the separator has no key (as kcat -K)
+                key, value = before, after
         while True:
             try:
                 producer.produce(

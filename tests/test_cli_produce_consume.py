@@ -1,0 +1,219 @@
+"""``runnel produce`` and ``runnel consume`` (confluent-kafka underneath) against a real local
+cluster of 1 controller and 2 brokers, run as a person would: lines on standard input, records
+on standard output.
+
+One cluster serves the module; each test uses topics of its own. The cluster is stopped at
+the end and whatever is left is kill -9'd, found by its pid files. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from test_local_cluster import REPO, Cluster, free_base_port, wait_for
+
+from runnel.local_cluster import process_alive
+
+pytestmark = pytest.mark.slow
+WAIT_S = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    cluster: Cluster
+    bootstrap: str
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """With ``runnel topics create``; returns once every broker lists the topic."""
+        self.cluster.ok(
+            "topics", "create", name, "--partitions", str(partitions),
+            "--replication-factor", "1",
+        )  # fmt: skip
+        for address in self.bootstrap.split(","):
+            wait_for(f"{address} to list {name}", partial(_listed, address, name), WAIT_S)
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        (found,) = self.cluster.data_dir.glob(f"node-*/data/{topic}-{partition}")
+        return found
+
+
+def _listed(address: str, topic: str) -> bool | None:
+    """Whether one broker lists ``topic`` and both brokers (asked by confluent-kafka)."""
+    try:
+        metadata = AdminClient({"bootstrap.servers": address}).list_topics(timeout=5)
+    except KafkaException:
+        return None
+    return (topic in metadata.topics and len(metadata.brokers) == 2) or None
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    cluster = Cluster(tmp_path_factory.mktemp("cli") / "cluster", free_base_port(3))
+    try:
+        up = cluster.ok(
+            "cluster", "up", "--once", "--controllers", "1", "--brokers", "2",
+            "--base-port", str(cluster.base_port),
+        )  # fmt: skip
+        match = re.search(r"^bootstrap: (\S+)", up, re.MULTILINE)
+        assert match is not None, up
+        yield Local(cluster, match[1])
+    finally:
+        cluster.run("cluster", "down")
+        for pid in cluster.pids():  # whatever is left: kill -9, found by pid file
+            if process_alive(pid, str(cluster.data_dir)) or process_alive(pid, "cluster\0up"):
+                os.kill(pid, signal.SIGKILL)
+
+
+def runnel(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runnel", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S + 30,
+    )
+
+
+def ok(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    done = runnel(*args, stdin=stdin)
+    assert done.returncode == 0, f"runnel {' '.join(args)}: {done.stdout}{done.stderr}"
+    return done
+
+
+def consume_json(local: Local, topic: str, *args: str) -> list[dict[str, Any]]:
+    done = ok("consume", topic, "--bootstrap", local.bootstrap, "--json", *args)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def stored_codecs(local: Local, topic: str, partitions: int) -> list[tuple[str, int]]:
+    """(codec, producer id) of every batch, read with ``runnel log dump``."""
+    out = []
+    for p in range(partitions):
+        dump = ok("log", "dump", str(local.partition_dir(topic, p)), "--json")
+        out += [(b["codec"], b["producer_id"]) for b in map(json.loads, dump.stdout.splitlines())]
+    return out
+
+
+def test_produced_lines_are_consumed_exactly_keyed_unkeyed_with_headers(local: Local) -> None:
+    topic = "cli-roundtrip"
+    local.create_topic(topic, 3)
+    before_ms = int(time.time() * 1000)
+    keyed = [(f"key-{i % 4}", f"value {i}: with a colon; " * 4) for i in range(30)]
+    done = ok(
+        "produce", topic, "--bootstrap", local.bootstrap, "--key-separator", ":",
+        "--header", "source=cli", "--header", "empty=", "--header", "eq=a=b",
+        "--compression", "gzip",
+        stdin="".join(f"{k}:{v}\n" for k, v in keyed),
+    )  # fmt: skip
+    assert f"produced 30 records to {topic}" in done.stderr
+    unkeyed = [f"unkeyed {i} " * 6 for i in range(10)]
+    # --data-dir (the local cluster's cluster.json) instead of --bootstrap
+    produced = ok(
+        "produce", topic, "--data-dir", str(local.cluster.data_dir), "--compression", "zstd",
+        "--idempotent", stdin="".join(f"{v}\n" for v in unkeyed),
+    )  # fmt: skip
+    assert produced.stdout == "" and f"produced 10 records to {topic}" in produced.stderr
+    after_ms = int(time.time() * 1000)
+
+    records = consume_json(local, topic, "--from", "earliest")
+    headers = {"source": "cli", "empty": "", "eq": "a=b"}
+    sent: list[tuple[str | None, str, dict[str, str]]] = [(k, v, headers) for k, v in keyed]
+    sent += [(None, v, {}) for v in unkeyed]
+    got = [(r["key"], r["value"], r["headers"]) for r in records]
+    assert sorted(got, key=repr) == sorted(sent, key=repr)
+    assert all(before_ms <= r["timestamp"] <= after_ms for r in records), records
+    for p in range(3):
+        mine = [r for r in records if r["partition"] == p]
+        assert [r["offset"] for r in mine] == list(range(len(mine)))
+        order = [sent.index((r["key"], r["value"], r["headers"])) for r in mine]
+        assert order == sorted(order), f"partition {p}: not in stdin order"
+
+    plain = ok("consume", topic, "--bootstrap", local.bootstrap)
+    assert sorted(plain.stdout.splitlines()) == sorted(v for _, v, _ in sent)
+    assert f"consumed 40 records from {topic}" in plain.stderr
+    batches = set(stored_codecs(local, topic, 3))
+    assert {codec for codec, _ in batches} == {"gzip", "zstd"}
+    assert all(pid == -1 for codec, pid in batches if codec == "gzip")
+    assert all(pid >= 0 for codec, pid in batches if codec == "zstd")  # --idempotent
+
+
+def _produce(local: Local, topic: str, values: list[str], partition: int) -> None:
+    ok(
+        "produce", topic, "--bootstrap", local.bootstrap, "--partition", str(partition),
+        stdin="".join(f"{v}\n" for v in values),
+    )  # fmt: skip
+
+
+def test_consume_from_latest_an_offset_a_timestamp_and_at_most_n(local: Local) -> None:
+    topic = "cli-positions"
+    local.create_topic(topic, 2)
+    first = [f"a{i}" for i in range(10)]
+    _produce(local, topic, first, 0)
+    since_ms = int(time.time() * 1000) + 1
+    time.sleep(0.01)
+    later = {0: [f"b{i}" for i in range(5)], 1: [f"c{i}" for i in range(3)]}
+    for partition, lines in later.items():
+        _produce(local, topic, lines, partition)
+    everything = {0: first + later[0], 1: later[1]}
+
+    def values(*args: str) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for r in consume_json(local, topic, *args):
+            out.setdefault(r["partition"], []).append(r["value"])
+        return out
+
+    assert values("--from", "earliest") == everything
+    latest = ok("consume", topic, "--bootstrap", local.bootstrap, "--from", "latest")
+    assert latest.stdout == "" and f"consumed 0 records from {topic}" in latest.stderr
+    assert values("--partition", "0", "--from", "3") == {0: everything[0][3:]}
+    assert values("--from", f"@{since_ms}") == later
+    assert values("--partition", "0", "--max-messages", "4") == {0: first[:4]}
+    assert values("--partition", "1", "--partition", "0", "--from", "2") == {
+        0: everything[0][2:],
+        1: everything[1][2:],
+    }
+
+
+def test_bad_input_exits_non_zero_with_a_clear_message(local: Local) -> None:
+    local.create_topic("cli-bad", 1)
+    b = ["--bootstrap", local.bootstrap]
+    for args, code, message in [
+        (["consume", "cli-nope", *b], 1, "topic 'cli-nope': "),
+        (["consume", "cli-bad", *b, "--from", "yesterday"], 1, "--from 'yesterday': give"),
+        (["consume", "cli-bad", *b, "--from", "@soon"], 1, "--from '@soon': give"),
+        (["consume", "cli-bad", *b, "--partition", "7"], 1, "has no partition 7"),
+        (["produce", "cli-bad", *b, "--header", "no-equals"], 1, "'no-equals' is not K=V"),
+        (["produce", "cli-bad", *b, "--compression", "brotli"], 2, "invalid choice: 'brotli'"),
+        (["consume", "cli-bad", "--bootstrap", "nowhere"], 2, "'nowhere' is not HOST:PORT"),
+        (["consume", "cli-bad", "--data-dir", str(REPO / "no-such")], 1, "no local cluster in"),
+    ]:
+        done = runnel(*args, stdin="x\n")
+        assert (done.returncode, done.stdout) == (code, ""), (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+    assert "Unknown topic" in runnel("consume", "cli-nope", *b).stderr
+
+
+def test_producing_to_a_topic_that_does_not_exist_says_so(local: Local) -> None:
+    done = runnel(
+        "produce", "cli-absent", "--bootstrap", local.bootstrap, "--timeout-s", "3", stdin="x\n"
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cli-absent" in done.stderr and re.search(
+        r"unknown topic|not exist|not found", done.stderr, re.IGNORECASE
+    ), done.stderr
