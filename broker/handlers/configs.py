@@ -22,6 +22,7 @@ from controller.configs import BROKER_CONFIGS, canonical_value, describe_topic_c
 from controller.image import MetadataImage
 from controller.records import ConfigResourceType
 from proto import controller_pb2 as cpb
+from storage.config import LogConfig
 
 __all__ = ["alter_configs", "describe_configs", "incremental_alter_configs"]
 
@@ -48,7 +49,16 @@ def _entry(name: str, value: str | None, source: int) -> dict[str, Any]:
 def _topic_configs(context: BrokerContext, image: MetadataImage, name: str) -> list[dict[str, Any]]:
     entries = image.configs.get((TOPIC, name), {})
     described = describe_topic_configs(entries, context.settings.log_defaults)
-    return [_entry(n, v, TOPIC_CONFIG if own else STATIC_BROKER) for n, v, own in described]
+    return [_entry(n, v, TOPIC_CONFIG if own else _default_source(n, v)) for n, v, own in described]
+
+
+def _default_source(name: str, value: str) -> int:
+    """DEFAULT_CONFIG where the value is runnel's own default, STATIC_BROKER_CONFIG where the
+    node's ``[log]`` section changed it (as Kafka tells its defaults from server.properties)."""
+    return DEFAULT if _BUILT_IN.get(name) == value else STATIC_BROKER
+
+
+_BUILT_IN = {n: v for n, v, _ in describe_topic_configs({}, LogConfig())}
 
 
 def _broker_configs(
@@ -67,7 +77,11 @@ def _broker_configs(
         elif config in cluster:
             out.append(_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
         elif topic_name is not None:
-            out.append(_entry(config, statics[topic_name], STATIC_BROKER))
+            out.append(
+                _entry(
+                    config, statics[topic_name], _default_source(topic_name, statics[topic_name])
+                )
+            )
         else:
             out.append(_entry(config, "false", DEFAULT))
     return out
