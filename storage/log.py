@@ -139,6 +139,7 @@ class Log:
         self._clock = clock
         self._on_offline = on_offline
         self._offline: BaseException | None = None
+        self._closed = False  # by close() or abandon(): not an I/O error
         self.epoch_cache = epoch_cache
         self.producer_state = producer_state
         self._log_end_offset = segments[-1].read_next_offset()
@@ -182,6 +183,11 @@ class Log:
     @property
     def offline(self) -> bool:
         return self._offline is not None
+
+    @property
+    def closed(self) -> bool:
+        """Closed (shut down, or abandoned when its partition was deleted)."""
+        return self._closed
 
     def _check_offsets(self) -> None:
         invariant(
@@ -658,6 +664,8 @@ class Log:
                 segment.flush()
         except OSError as e:
             with self._lock:
+                if self._closed:  # deleted while this thread synced it: nothing is wrong
+                    return
                 self._go_offline(e)
             raise LogDirOfflineError(f"{self.dir}: fsync failed, log taken offline: {e}") from e
         with self._lock:
@@ -694,6 +702,7 @@ class Log:
         for segment in self._segments:
             segment.close()
         self._offline = StorageError("closed")
+        self._closed = True
 
     def abandon(self) -> None:
         """Close file handles without flushing (tests simulating a crash; directory deletion)."""
@@ -701,6 +710,7 @@ class Log:
             for segment in self._segments:
                 segment.close()
             self._offline = StorageError("closed")
+            self._closed = True
 
 
 def _patched(

@@ -189,7 +189,8 @@ class LogManager:
                 if log.config.compact:
                     self._compact(tp, log, now)
             except LogDirOfflineError as e:
-                _log.error("maintenance of %s failed: %s", tp, e)
+                if not log.closed:  # else: deleted meanwhile (the event loop deletes logs)
+                    _log.error("maintenance of %s failed: %s", tp, e)
         for data_dir in self.data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)

@@ -119,6 +119,34 @@ def test_an_io_error_takes_only_its_data_dir_offline(tmp_path: Path) -> None:
     assert (dirs[1] / CLEAN_SHUTDOWN_FILE).exists()
 
 
+def test_a_log_deleted_while_maintenance_syncs_it_does_not_take_its_dir_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The maintenance thread fsyncs a log the event loop deletes meanwhile: the fsync meets
+    a closed file (EBADF). That is the deletion, not a failing disk."""
+    manager = LogManager([tmp_path], LogConfig())
+    manager.startup()
+    log = manager.get_or_create_log(TopicPartition("t", 0))
+    log.append_as_leader(make_batch([b"x"]), leader_epoch=0)
+    segment = log.active_segment
+    log.roll()  # maintenance fsyncs rolled segments
+    real_flush = segment.flush
+    synced: list[bool] = []
+
+    def deleted_then_flushed() -> None:
+        manager.delete_log(TopicPartition("t", 0))  # what the loop does, mid-sync
+        synced.append(True)
+        real_flush()  # the handle is closed now: OSError (EBADF)
+
+    monkeypatch.setattr(segment, "flush", deleted_then_flushed)
+    manager.run_maintenance()
+    assert synced == [True]
+    assert manager.offline_dirs == {}
+    other = manager.get_or_create_log(TopicPartition("t", 1))
+    other.append_as_leader(make_batch([b"y"]), leader_epoch=0)
+    manager.shutdown()
+
+
 def test_group_commit_covers_concurrent_appends_with_few_fsyncs(tmp_path: Path) -> None:
     manager = LogManager([tmp_path], LogConfig())
     manager.startup()
