@@ -27,7 +27,6 @@ PORT_RANGE = (20_000, 60_000)
 PORT_ATTEMPTS = 100
 POLL_INTERVAL_S = 0.2
 CREATE_TOPICS_VERSION = 7
-DELETE_TOPICS_VERSION = 5
 LOG_TAIL_BYTES = 3000
 BROKER_ID = 101
 
@@ -111,18 +110,6 @@ class RunnelCluster:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"topic {name} has no leaders after {timeout_s} s")
                 time.sleep(POLL_INTERVAL_S)
-
-    def delete_topics(self, names: list[str], timeout_s: float) -> None:
-        """Delete ``names`` (their logs go, and with them their unwritten pages)."""
-        request = {"topic_names": names, "timeout_ms": int(timeout_s * 1000)}
-        conn = Connection.connect(self.bootstrap)
-        try:
-            response = conn.call(ApiKey.DELETE_TOPICS, DELETE_TOPICS_VERSION, request)
-        finally:
-            conn.close()
-        failed = [f"{r.name}: {r.error_code}" for r in response.responses if r.error_code]
-        if failed:
-            raise RuntimeError(f"DeleteTopics: {'; '.join(failed)}")
 
     def _has_leaders(self, topic: str, partitions: int) -> bool:
         conn = Connection.connect(self.bootstrap)
