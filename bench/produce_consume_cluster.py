@@ -12,32 +12,21 @@ factor 1) to the broker, which forwards it to the controller. ``stop`` kills bot
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 from bench.kafka_load import Connection, LoadError, partition_leaders
+from bench.metadata_cluster import free_base_port
 from broker.protocol import ApiKey
-from runnel.local_cluster import PORTS_PER_NODE, ClusterSpec, Port, ports_in_use
+from runnel.local_cluster import ClusterSpec, Port
 from runnel.supervisor import Supervisor
 
 __all__ = ["RunnelCluster"]
 
-PORT_RANGE = (20_000, 60_000)
-PORT_ATTEMPTS = 100
 POLL_INTERVAL_S = 0.2
 CREATE_TOPICS_VERSION = 7
 LOG_TAIL_BYTES = 3000
 BROKER_ID = 101
-
-
-def free_base_port(nodes: int) -> int:
-    count = PORTS_PER_NODE * nodes
-    for _ in range(PORT_ATTEMPTS):
-        base = random.randrange(PORT_RANGE[0], PORT_RANGE[1] - count)
-        if not ports_in_use(range(base, base + count)):
-            return base
-    raise RuntimeError(f"no free block of {count} ports in {PORT_RANGE}")
 
 
 class RunnelCluster:
