@@ -56,6 +56,7 @@ __all__ = [
     "normal_headers",
     "records_at_or_after",
     "stored_batches",
+    "wait_until_listed",
 ]
 
 BROKER_IDS = (101, 102)
@@ -296,6 +297,13 @@ def create_topic(kafka: KafkaCluster, name: str, partitions: int = PARTITIONS) -
         "--data-dir", str(kafka.data_dir),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    wait_until_listed(kafka, name, partitions)
+
+
+def wait_until_listed(kafka: KafkaCluster, name: str, partitions: int) -> None:
+    """Until every broker lists ``name`` with its partitions. The broker that handled a
+    CreateTopics answers once it shows the topic; the others apply the same committed
+    record a moment later (as Kafka's brokers do), and a client may ask any of them."""
 
     def listed() -> bool | None:
         views = [broker_metadata(a) for a in kafka.bootstrap.split(",")]

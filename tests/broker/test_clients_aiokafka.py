@@ -36,6 +36,7 @@ from kafka_cluster import (
     kafka,
     normal_headers,
     records_at_or_after,
+    wait_until_listed,
 )
 
 __all__ = ["kafka"]  # the fixture
@@ -73,6 +74,7 @@ async def new_topic(kafka: KafkaCluster, name: str) -> None:
         assert await create_topic(admin, NewTopic(name, PARTITIONS, 1)) == NONE
     finally:
         await admin.close()
+    await asyncio.to_thread(wait_until_listed, kafka, name, PARTITIONS)
 
 
 async def produce(
@@ -136,6 +138,7 @@ async def _admin(kafka: KafkaCluster) -> None:
         configs = {"retention.ms": "3600000"}
         topic = NewTopic("ak-admin", PARTITIONS, 1, topic_configs=configs)
         assert await create_topic(admin, topic) == NONE
+        await asyncio.to_thread(wait_until_listed, kafka, "ak-admin", PARTITIONS)
         assert "ak-admin" in await admin.list_topics()
         (described,) = await admin.describe_topics(["ak-admin"])
         info = sorted(described["partitions"], key=lambda p: p["partition"])

@@ -51,6 +51,7 @@ from kafka_cluster import (
     normal_headers,
     records_at_or_after,
     stored_batches,
+    wait_until_listed,
 )
 from test_local_cluster import wait_for
 
@@ -72,6 +73,7 @@ def create_topic(
 ) -> None:
     admin = admin_client(kafka)  # kept: the futures fail if it is destroyed first
     admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name].result(WAIT_S)
+    wait_until_listed(kafka, name, partitions)
 
 
 def produce(kafka: KafkaCluster, topic: str, records: list[Sent], **config: Any) -> list[Stored]:

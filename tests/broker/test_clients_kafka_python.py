@@ -35,6 +35,7 @@ from kafka_cluster import (
     normal_headers,
     records_at_or_after,
     stored_batches,
+    wait_until_listed,
 )
 from test_local_cluster import wait_for
 
@@ -55,6 +56,7 @@ def create_topic(kafka: KafkaCluster, name: str, configs: dict[str, str] | None 
         admin.create_topics([NewTopic(name, PARTITIONS, 1, topic_configs=configs or {})])
     finally:
         admin.close()
+    wait_until_listed(kafka, name, PARTITIONS)
 
 
 def produce(kafka: KafkaCluster, topic: str, records: list[Sent], **config: Any) -> list[Stored]:
