@@ -31,6 +31,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     ConfigSource,
+    NewPartitions,
     NewTopic,
 )
 from kafka_cluster import (
@@ -176,6 +177,7 @@ def test_admin_lists_describes_configures_and_deletes_topics(kafka: KafkaCluster
 
     _configs_show_what_was_set(admin)
     _create_errors(admin)
+    _partitions_are_added(kafka, admin)
 
     admin.delete_topics(["cf-admin"])["cf-admin"].result(WAIT_S)
     wait_for(
@@ -183,6 +185,33 @@ def test_admin_lists_describes_configures_and_deletes_topics(kafka: KafkaCluster
         lambda: "cf-admin" not in admin.list_topics(timeout=WAIT_S).topics or None,
         WAIT_S,
     )
+
+
+def _partitions_are_added(kafka: KafkaCluster, admin: AdminClient) -> None:
+    """CreatePartitions, forwarded to the controller: new partitions get leaders and serve;
+    shrinking is refused."""
+    admin.create_partitions([NewPartitions("cf-admin", PARTITIONS + 2)])["cf-admin"].result(WAIT_S)
+    wait_until_listed(kafka, "cf-admin", PARTITIONS + 2)
+    added = admin.list_topics("cf-admin", timeout=WAIT_S).topics["cf-admin"].partitions
+    assert all(added[p].leader in BROKER_IDS for p in range(PARTITIONS, PARTITIONS + 2))
+    with pytest.raises(KafkaException) as raised:
+        admin.create_partitions([NewPartitions("cf-admin", 1)])["cf-admin"].result(WAIT_S)
+    assert raised.value.args[0].code() == KafkaError.INVALID_PARTITIONS, raised.value
+    reports: list[Any] = []
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    producer.produce(
+        "cf-admin", b"new", b"key", partition=PARTITIONS + 1, on_delivery=_keep(reports)
+    )  # keyed: the topic is compacted by now
+    assert producer.flush(WAIT_S) == 0
+    ((error, message),) = reports
+    assert error is None and (message.partition(), message.offset()) == (PARTITIONS + 1, 0)
+
+
+def _keep(reports: list[Any]) -> Any:
+    def report(error: Any, message: Any) -> None:
+        reports.append((error, message))
+
+    return report
 
 
 def _configs_show_what_was_set(admin: AdminClient) -> None:
