@@ -118,7 +118,7 @@ def _read(plan: _Plan, image: MetadataImage) -> tuple[list[dict[str, Any]], int,
                     isolation=plan.isolation,
                     min_one_batch=total == 0,
                 )
-            except (ReplicationError, Exception) as e:
+            except Exception as e:  # mapped; a bug is logged by error_code_of
                 answer = _error(image, w, error_code_of(e))
                 if isinstance(e, ReplicationError) and e.code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     answer["high_watermark"] = replica.high_watermark

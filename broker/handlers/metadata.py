@@ -73,8 +73,7 @@ def _brokers(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any
     return out
 
 
-def _partition(image: MetadataImage, p: PartitionState) -> dict[str, Any]:
-    alive = {b for b, reg in image.brokers.items() if not reg.fenced}
+def _partition(p: PartitionState, alive: set[int]) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else ErrorCode.NONE,
         "partition_index": p.partition_id,
@@ -86,7 +85,9 @@ def _partition(image: MetadataImage, p: PartitionState) -> dict[str, Any]:
     }
 
 
-def _topic(image: MetadataImage, name: str, error: int, operations: int) -> dict[str, Any]:
+def _topic(
+    image: MetadataImage, name: str, error: int, operations: int, alive: set[int]
+) -> dict[str, Any]:
     topic = image.topic_by_name(name)
     if topic is None:
         return {"error_code": error, "name": name, "partitions": []}
@@ -95,7 +96,7 @@ def _topic(image: MetadataImage, name: str, error: int, operations: int) -> dict
         "name": name,
         "topic_id": topic_uuid(topic.topic_id),
         "is_internal": False,
-        "partitions": [_partition(image, topic.partitions[i]) for i in sorted(topic.partitions)],
+        "partitions": [_partition(topic.partitions[i], alive) for i in sorted(topic.partitions)],
         "topic_authorized_operations": operations,
     }
 
@@ -129,11 +130,12 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
     auto_create = bool(missing) and allow and context.settings.auto_create_topics_enable
     error = ErrorCode.LEADER_NOT_AVAILABLE if auto_create else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     listed = sorted(image.topic_ids) if names is None else names
+    alive = {b for b, reg in image.brokers.items() if not reg.fenced}  # once per request
     response = {
         "brokers": _brokers(context, image),
         "cluster_id": context.settings.cluster_id,
         "controller_id": context.settings.broker_id,
-        "topics": [_topic(image, name, error, operations) for name in listed],
+        "topics": [_topic(image, name, error, operations, alive) for name in listed],
         "cluster_authorized_operations": CLUSTER_OPERATIONS
         if getattr(request, "include_cluster_authorized_operations", False)
         else UNSET_OPERATIONS,
