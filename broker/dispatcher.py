@@ -57,17 +57,8 @@ class KafkaDispatcher:
         header = decode_request_header(frame)
         spec = API_SPECS.get(header.api_key)
         handler = self.handlers.get(header.api_key)
-        if (
-            spec is None
-            or handler is None
-            or not (spec.min_version <= header.api_version <= spec.max_version)
-        ):
-            if (
-                spec is not None
-                and header.api_version
-                >= ADVERTISED_MIN_VERSION.get(header.api_key, spec.min_version)
-                and header.api_version < spec.min_version
-            ):
+        if spec is None or handler is None or not spec.supports(header.api_version):
+            if spec is not None and _advertised_only(header.api_key, header.api_version):
                 raise CloseConnection(
                     f"{spec.name} v{header.api_version} (message format v0/v1) is not supported"
                 )
@@ -103,6 +94,12 @@ class KafkaDispatcher:
             }
             return _encode(v0, body) or []
         return [_UNSUPPORTED.pack(6, header.correlation_id, ErrorCode.UNSUPPORTED_VERSION)]
+
+
+def _advertised_only(api_key: int, version: int) -> bool:
+    """Advertised in ApiVersions below what is served (Produce v0-v2)."""
+    served_from = API_SPECS[api_key].min_version
+    return ADVERTISED_MIN_VERSION.get(api_key, served_from) <= version < served_from
 
 
 def _encode(header: RequestHeader, value: dict[str, Any] | None) -> list[Part] | None:
