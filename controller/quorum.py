@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,6 +87,7 @@ class QuorumController:
         self._active_epoch: int | None = None
         self._speculative: MetadataImage | None = None
         self._in_flight = 0
+        self._last_proposal: asyncio.Future[int] | None = None
         self._periodic: list[PeriodicTask] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._activation: asyncio.Task[None] | None = None
@@ -122,24 +123,42 @@ class QuorumController:
     # -- changes -------------------------------------------------------------------------
     async def write(self, decide: Callable[[MetadataImage], Outcome[R]]) -> tuple[R, int]:
         """Decide against the speculative image, commit the records, return the answer and
-        the commit offset (the committed offset at once when there were no records).
+        the commit offset. An answer that writes nothing (or an error) may still rest on
+        records in flight, such as a heartbeat that sees the fence an earlier heartbeat
+        proposed: it is given once those are committed.
         Raises NotController, DecisionError (nothing written), or TimeoutError."""
         self.check_active()
-        outcome = decide(self._image())
+        try:
+            outcome = decide(self._image())
+        except DecisionError:
+            await self._in_flight_committed()
+            raise
         if not outcome.records:
+            await self._in_flight_committed()
             return outcome.response, self.committed_offset
         future = self._propose(outcome)
+        self._last_proposal = future
         self._in_flight += 1
         try:
-            async with asyncio.timeout(COMMIT_TIMEOUT_S):
-                offset = await future
-        except NotLeader as e:
-            raise NotController(e.leader_id, e.epoch) from None
+            offset = await self._committed(future)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._speculative = None  # the committed image has caught up
         return outcome.response, offset
+
+    async def _in_flight_committed(self) -> None:
+        pending = self._last_proposal
+        if pending is not None and not pending.done():
+            await self._committed(asyncio.shield(pending))
+
+    @staticmethod
+    async def _committed(future: Awaitable[int]) -> int:
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                return await future
+        except NotLeader as e:
+            raise NotController(e.leader_id, e.epoch) from None
 
     def _image(self) -> MetadataImage:
         return self._speculative if self._speculative is not None else self.machine.image

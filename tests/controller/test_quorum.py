@@ -138,6 +138,32 @@ def test_concurrent_decisions_see_the_uncommitted_ones_before_them(tmp_path: Pat
     run(main, tmp_path)
 
 
+def test_an_answer_resting_on_records_in_flight_waits_for_their_commit(tmp_path: Path) -> None:
+    """A decision that writes nothing, or refuses, but sees an uncommitted record in the
+    speculative image is answered only once that record is in the committed image."""
+
+    def sees(name: str) -> Callable[[MetadataImage], Outcome[bool]]:
+        return lambda image: Outcome((), image.topic_by_name(name) is not None)
+
+    async def main(cs: Controllers) -> None:
+        active = await cs.active()
+        write = asyncio.ensure_future(active.write(create_topic("orders")))
+        await asyncio.sleep(0)  # proposed, not committed
+        assert active.committed_image.topic_by_name("orders") is None
+        seen, _ = await active.write(sees("orders"))
+        assert seen and active.committed_image.topic_by_name("orders") is not None
+        await write
+
+        again = asyncio.ensure_future(active.write(create_topic("audit")))
+        await asyncio.sleep(0)
+        with pytest.raises(DecisionError):
+            await active.write(create_topic("audit"))
+        assert active.committed_image.topic_by_name("audit") is not None
+        await again
+
+    run(main, tmp_path)
+
+
 def test_a_new_active_controller_takes_over_with_the_committed_image(tmp_path: Path) -> None:
     async def main(cs: Controllers) -> None:
         first = await cs.active()
