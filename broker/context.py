@@ -18,7 +18,7 @@ from controller.client import ControllerClient
 from controller.image import MetadataImage
 from storage.config import LogConfig
 
-__all__ = ["BrokerContext", "BrokerSettings"]
+__all__ = ["BrokerContext", "BrokerSettings", "ReplicationSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,19 @@ class BrokerSettings:
     fetch_max_wait_ms: int = 30_000
     controller_request_timeout_ms: int = 30_000
     log_defaults: LogConfig = field(default_factory=LogConfig)  # the node's [log] section
+    replication: ReplicationSettings = field(default_factory=lambda: ReplicationSettings())
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    """Followers and the ISR (Kafka's names, with units last)."""
+
+    replica_lag_time_max_ms: int = 30_000  # an ISR follower not caught up this long leaves
+    replica_fetch_wait_max_ms: int = 500  # a follower's long poll on its leader
+    replica_fetch_max_bytes: int = 1_048_576  # per partition per follower fetch
+    replica_fetch_response_max_bytes: int = 10_485_760  # per follower fetch
+    replica_fetch_backoff_ms: int = 1000  # a partition's rest after a fetch error
+    replica_high_watermark_checkpoint_interval_ms: int = 5000
 
 
 @dataclass(slots=True)

@@ -57,6 +57,8 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +67,12 @@ from controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS, topic_log_config
 from controller.image import MetadataImage, PartitionState, TopicImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
-from replication.partition import Partition, Role
+from replication.partition import (
+    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    IsrProposer,
+    Partition,
+    Role,
+)
 from storage.checkpoint import write_file_atomic
 from storage.config import LogConfig
 from storage.errors import StorageError
@@ -96,6 +103,10 @@ _CLUSTER_DEFAULT = ""  # the resource name of the cluster-wide broker configs
 # New logs one ``apply`` creates (a few ms each, with fsyncs): more wait for the next call,
 # so an image with thousands of new partitions here cannot stall the event loop for seconds.
 MAX_NEW_LOGS_PER_APPLY = 200
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 # -- partition.metadata ----------------------------------------------------------------------
@@ -212,11 +223,22 @@ class ReplicaManager:
         log_manager: LogManager,
         *,
         purgatory: FetchPurgatory | None = None,
+        replica_purgatory: FetchPurgatory | None = None,
         log_defaults: LogConfig | None = None,
+        replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+        clock_ms: Callable[[], int] = monotonic_ms,
     ) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
         self.purgatory = purgatory  # may be set after construction; woken and notified
+        self.replica_purgatory = replica_purgatory  # follower fetches: woken on appends
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.clock_ms = clock_ms
+        # Set by the broker: ISR proposals (AlterPartition), and the follower fetchers
+        # told of each partition that starts or stops following a leader.
+        self.propose_isr: IsrProposer | None = None
+        self.on_follow: Callable[[Partition], None] | None = None
+        self.on_unfollow: Callable[[Partition], None] | None = None
         self.log_defaults = log_defaults or log_manager.default_config
         self.strays_deleted = 0
         self._strays_pending = True
@@ -306,11 +328,21 @@ class ReplicaManager:
                 return
         before = (partition.role, partition.leader_id, partition.leader_epoch)
         if state.leader == self.broker_id:
-            partition.make_leader(state)
+            partition.make_leader(state, now_ms=self.clock_ms())
         else:
             partition.make_follower(state)
         if before != (partition.role, partition.leader_id, partition.leader_epoch):
             self._wake(partition.key)
+            self._roles_changed(partition)
+
+    def _roles_changed(self, partition: Partition) -> None:
+        """Tell the fetchers: a follower (again, or of a new leader or epoch) fetches from
+        its leader; a leader or a stopped replica fetches from nobody."""
+        if partition.role is Role.FOLLOWER and partition.leader_id >= 0:
+            if self.on_follow is not None:
+                self.on_follow(partition)
+        elif self.on_unfollow is not None:
+            self.on_unfollow(partition)
 
     def _create(self, topic: TopicImage, partition_id: int) -> Partition | None:
         """The replica of a partition newly assigned here, on its log (found or created);
@@ -346,8 +378,11 @@ class ReplicaManager:
             log,
             local_broker_id=self.broker_id,
             min_insync_replicas=settings.min_insync_replicas,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
         partition.on_append.append(self._notify)
+        partition.on_log_append.append(self._notify_replicas)
+        partition.propose_isr = self._propose_isr
         self._topics.setdefault(topic.name, {})[partition_id] = partition
         self._names[topic.topic_id] = topic.name
         return partition
@@ -372,6 +407,7 @@ class ReplicaManager:
             self._settings.pop(topic, None)
         partition.stop()
         self._wake(partition.key)
+        self._roles_changed(partition)
         self.log_manager.delete_log(TopicPartition(topic, partition_id))
         _log.info("deleted %s-%d (%s)", topic, partition_id, reason)
 
@@ -420,6 +456,24 @@ class ReplicaManager:
         if self.purgatory is not None:
             self.purgatory.notify(key, bytes_appended)
 
+    def _notify_replicas(self, key: tuple[str, int], bytes_appended: int) -> None:
+        if self.replica_purgatory is not None:
+            self.replica_purgatory.notify(key, bytes_appended)
+
     def _wake(self, key: tuple[str, int]) -> None:
-        if self.purgatory is not None:
-            self.purgatory.wake(key)
+        for purgatory in (self.purgatory, self.replica_purgatory):
+            if purgatory is not None:
+                purgatory.wake(key)
+
+    def _propose_isr(self, partition: Partition, isr: tuple[int, ...]) -> bool:
+        return self.propose_isr is not None and self.propose_isr(partition, isr)
+
+    # -- the leader's periodic duty --------------------------------------------------------------
+    def shrink_isrs(self) -> int:
+        """Propose smaller ISRs where followers lag (Kafka runs this every half
+        ``replica_lag_time_max_ms``); returns how many partitions proposed one."""
+        now_ms, proposed = self.clock_ms(), 0
+        for partition in self.partitions():
+            if partition.is_leader and partition.maybe_shrink_isr(now_ms):
+                proposed += 1
+        return proposed

@@ -6,8 +6,17 @@ node starts it once the broker has caught up with the metadata log and been unfe
 ``start(image)`` loads the logs, applies that image (which partitions live here, who leads
 them, at which epochs), subscribes to every later image and only then opens the listener, so
 no client is served from a stale view. ``stop`` closes the listener first (parked fetches
-are answered), then the logs, cleanly (a clean-shutdown marker skips recovery next time).
-Log retention and compaction run in the background every ``log_maintenance_interval_ms``.
+are answered), then the follower fetchers, then the logs, cleanly (a clean-shutdown marker
+skips recovery next time). Log retention and compaction run in the background every
+``log_maintenance_interval_ms``.
+
+Replication: the replica manager tells the ``ReplicaFetcherManager`` which partitions follow
+which leader (each leader's Kafka listener, named like this broker's, is in the image), and
+leaders send their ISR proposals through the ``AlterPartitionSender``. Two periodic duties
+run on the event loop: the ISR shrink check every half ``replica_lag_time_max_ms``, and the
+high-watermark checkpoint every ``replica_high_watermark_checkpoint_interval_ms`` (a few
+small files; after a crash a follower's log is never truncated to it, only its start offset
+for consumers comes from it).
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from broker.alter_partition import AlterPartitionSender
 from broker.context import BrokerContext, BrokerSettings
 from broker.dispatcher import KafkaDispatcher
 from broker.producer_ids import ProducerIdManager
 from broker.purgatory import FetchPurgatory
-from broker.replica_manager import ReplicaManager, topic_settings
+from broker.replica_fetcher import FetcherConfig, ReplicaFetcherManager
+from broker.replica_manager import ReplicaManager, monotonic_ms, topic_settings
 from broker.server import Server, ServerConfig
 from controller.client import ControllerClient
 from controller.image import MetadataImage
@@ -53,9 +64,33 @@ class KafkaBroker:
         self.machine = machine
         self.logs = logs
         self.purgatory = FetchPurgatory(max_waiters=fetch_max_waiting)
+        self.replica_purgatory = FetchPurgatory(max_waiters=fetch_max_waiting)
+        replication = settings.replication
         self.replicas = ReplicaManager(
-            settings.broker_id, logs, purgatory=self.purgatory, log_defaults=settings.log_defaults
+            settings.broker_id,
+            logs,
+            purgatory=self.purgatory,
+            replica_purgatory=self.replica_purgatory,
+            log_defaults=settings.log_defaults,
+            replica_lag_time_max_ms=replication.replica_lag_time_max_ms,
         )
+        self.alter_partition = AlterPartitionSender(
+            settings.broker_id, controller, broker_epoch, lambda: self._image, monotonic_ms
+        )
+        self.fetchers = ReplicaFetcherManager(
+            FetcherConfig(
+                broker_id=settings.broker_id,
+                fetch_wait_max_ms=replication.replica_fetch_wait_max_ms,
+                fetch_max_bytes=replication.replica_fetch_max_bytes,
+                fetch_response_max_bytes=replication.replica_fetch_response_max_bytes,
+                fetch_backoff_ms=replication.replica_fetch_backoff_ms,
+                request_timeout_ms=settings.controller_request_timeout_ms,
+            ),
+            self._address_of,
+        )
+        self.replicas.propose_isr = self.alter_partition.propose
+        self.replicas.on_follow = self.fetchers.follow
+        self.replicas.on_unfollow = self.fetchers.unfollow
         self.producer_ids = ProducerIdManager(settings.broker_id, controller, broker_epoch)
         self.context = BrokerContext(
             settings,
@@ -77,6 +112,7 @@ class KafkaBroker:
         self._apply_scheduled = False
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
+        self._duties: list[asyncio.Task[None]] = []
 
     @property
     def port(self) -> int:
@@ -100,6 +136,20 @@ class KafkaBroker:
             self.logs.run_periodically(LOG_MAINTENANCE_INTERVAL_MS, self._stop),
             name="log-maintenance",
         )
+        replication = settings.replication
+        self._duties = [
+            loop.create_task(
+                self._every(replication.replica_lag_time_max_ms // 2, self.replicas.shrink_isrs),
+                name="isr-shrink",
+            ),
+            loop.create_task(
+                self._every(
+                    replication.replica_high_watermark_checkpoint_interval_ms,
+                    self._checkpoint_high_watermarks,
+                ),
+                name="hw-checkpoint",
+            ),
+        ]
         await self.server.start()
         _log.info("kafka listener %s on port %d", self.settings.listener_name, self.server.port)
 
@@ -116,9 +166,38 @@ class KafkaBroker:
         self._apply_scheduled = False
         self._apply(self._image)
 
+    def _address_of(self, broker_id: int) -> tuple[str, int] | None:
+        """A leader's Kafka listener (the one named like this broker's), from the image."""
+        registration = self._image.brokers.get(broker_id)
+        if registration is None:
+            return None
+        for endpoint in registration.listeners:
+            if endpoint.name == self.settings.listener_name:
+                return endpoint.host, endpoint.port
+        return None
+
+    async def _every(self, interval_ms: int, duty: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(max(interval_ms, 1) / 1000)
+            try:
+                duty()
+            except Exception:  # a bug: logged, and the duty goes on
+                _log.exception("periodic duty %s failed", duty)
+
+    def _checkpoint_high_watermarks(self) -> None:
+        for data_dir in self.logs.data_dirs:
+            if data_dir not in self.logs.offline_dirs:
+                self.logs.checkpoint(data_dir)
+
     async def stop(self) -> None:
         await self.server.close()
         self.purgatory.cancel_all()
+        self.replica_purgatory.cancel_all()
+        for duty in self._duties:
+            duty.cancel()
+        await asyncio.gather(*self._duties, return_exceptions=True)
+        await self.fetchers.close()
+        await self.alter_partition.close()
         self._stop.set()
         if self._maintenance is not None:
             with contextlib.suppress(asyncio.CancelledError):

@@ -26,10 +26,17 @@ gives that same answer from the start offset kept in memory (``leader_epoch_star
 so the difference is invisible to clients, and becoming leader of many partitions costs no
 file writes.
 
-High watermark. In this issue a partition is served by its leader alone: after a leader
-append the high watermark moves to the log end (``high_watermark_after_append``), so an
-acks=-1 produce is complete as soon as it is appended. The replication issue replaces that
-one function with "the smallest log end offset in the ISR" and adds follower fetch state.
+High watermark and ISR. The leader keeps its followers' fetch positions (``replication.isr``):
+the high watermark is the smallest log end offset in the ISR (never moving back), and moves
+when a follower fetch reports a new position (``read_for_follower``) or the leader appends
+with no other ISR member. An acks=-1 append waits for the HW to pass its last offset
+(``await_commit``: a callback, so this module stays free of asyncio); it fails with
+NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR falls below ``min_insync_replicas`` first, and
+NOT_LEADER_OR_FOLLOWER if leadership moves. ISR changes are proposed through
+``propose_isr`` (the broker sends AlterPartition) and take effect only when committed: from
+the controller's answer (``isr_change_committed``) or the next metadata image.
+A follower appends the leader's batches verbatim (``append_as_follower``), takes the HW from
+the leader's answers, and truncates where the epochs say (``replication.follower``).
 Transactions are not supported, so the last stable offset is the high watermark and a
 read_committed fetch reads exactly what a read_uncommitted one does.
 
@@ -40,6 +47,7 @@ log beneath has its own lock, so a later issue may move appends to a worker thre
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -48,11 +56,14 @@ from replication.errors import (
     FencedLeaderEpoch,
     InvalidRequiredAcks,
     NotEnoughReplicas,
+    NotEnoughReplicasAfterAppend,
     NotLeaderOrFollower,
     RecordListTooLarge,
+    ReplicationError,
     UnknownLeaderEpoch,
     from_storage_error,
 )
+from replication.isr import IsrState
 from storage.config import LogConfig
 from storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from storage.errors import StorageError, invariant
@@ -68,6 +79,10 @@ __all__ = [
     "NO_LEADER_EPOCH",
     "VALID_ACKS",
     "AppendListener",
+    "CommitCallback",
+    "DEFAULT_REPLICA_LAG_TIME_MAX_MS",
+    "FollowerRead",
+    "IsrProposer",
     "OffsetAndTimestamp",
     "Partition",
     "PartitionKey",
@@ -78,7 +93,6 @@ __all__ = [
     "check_min_insync",
     "check_required_acks",
     "end_offset_with_pending_epoch",
-    "high_watermark_after_append",
     "is_stale",
 ]
 
@@ -93,8 +107,14 @@ NO_TIMESTAMP = -1
 VALID_ACKS = (-1, 0, 1)
 
 PartitionKey = tuple[str, int]  # (topic name, partition id)
-# Called with (key, bytes that became readable by consumers) when the high watermark moves.
+# Called with (key, bytes that became readable by consumers) when the high watermark moves,
+# or (``on_log_append``) with the bytes a leader append added to the log.
 AppendListener = Callable[[PartitionKey, int], None]
+# An acks=-1 append's completion: None once committed, else the error that ends the wait.
+CommitCallback = Callable[[ReplicationError | None], None]
+# Sends a proposed ISR to the controller; False when it could not be sent now.
+IsrProposer = Callable[["Partition", tuple[int, ...]], bool]
+DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000  # Kafka's replica.lag.time.max.ms
 
 
 class PartitionStateView(Protocol):
@@ -111,6 +131,14 @@ class PartitionStateView(Protocol):
     def leader_epoch(self) -> int: ...
     @property
     def partition_epoch(self) -> int: ...
+
+
+class FollowerRead(NamedTuple):
+    """A follower fetch's answer: the batches (``data``), or, when the follower's last
+    fetched epoch disagrees with this log, the diverging ``(epoch, end offset)``."""
+
+    data: FetchData | None
+    diverging: tuple[int, int] | None
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -188,16 +216,6 @@ def check_min_insync(required_acks: int, isr_size: int, min_insync_replicas: int
         )
 
 
-def high_watermark_after_append(log_end_offset: int) -> int:
-    """Where the leader's high watermark may move after an append.
-
-    In this issue a partition is served by its leader alone, so a write is committed once it
-    is in the leader's log: HW = LEO. This is the single place the replication issue
-    replaces with "HW = the smallest log end offset among the ISR" (followers' fetch
-    offsets), after which acks=-1 waits for the HW to pass the batch."""
-    return log_end_offset
-
-
 def end_offset_with_pending_epoch(
     requested: int,
     from_cache: tuple[int, int],
@@ -241,6 +259,7 @@ class Partition:
         *,
         local_broker_id: int,
         min_insync_replicas: int = 1,
+        replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
     ) -> None:
         if min_insync_replicas < 1:
             raise ValueError(f"min_insync_replicas must be at least 1, got {min_insync_replicas}")
@@ -251,12 +270,20 @@ class Partition:
         self.log = log
         self.local_broker_id = local_broker_id
         self.min_insync_replicas = min_insync_replicas
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.role = Role.NEW
         self.state: ReplicaState | None = None
         # Where the current leader epoch starts (the LEO when this replica became its
         # leader); None when not leader. See the module doc on epochs.
         self.leader_epoch_start_offset: int | None = None
-        self.on_append: list[AppendListener] = []
+        self.on_append: list[AppendListener] = []  # the HW moved: consumers' long polls
+        self.on_log_append: list[AppendListener] = []  # a leader append: followers' polls
+        self.propose_isr: IsrProposer | None = None
+        self._followers: IsrState | None = None  # when leader
+        # acks=-1 appends waiting for the HW: (offset it must reach, callback), in order.
+        self._waiting: deque[tuple[int, CommitCallback]] = deque()
+        # Appended bytes not yet below the HW: (log end after the append, bytes), in order.
+        self._unexposed: deque[tuple[int, int]] = deque()
 
     def __repr__(self) -> str:
         epoch = self.leader_epoch
@@ -287,8 +314,9 @@ class Partition:
     def isr(self) -> tuple[int, ...]:
         return () if self.state is None else self.state.isr
 
-    def make_leader(self, state: PartitionStateView) -> bool:
-        """Lead the partition as ``state`` says; False (nothing changed) if it is stale."""
+    def make_leader(self, state: PartitionStateView, *, now_ms: int) -> bool:
+        """Lead the partition as ``state`` says; False (nothing changed) if it is stale. A new
+        leader epoch forgets the followers' positions (``replication.isr``)."""
         new = ReplicaState.of(state)
         invariant(
             new.leader == self.local_broker_id,
@@ -298,11 +326,20 @@ class Partition:
             return False
         if self.role is not Role.LEADER or new.leader_epoch != self.leader_epoch:
             self.leader_epoch_start_offset = self.log.log_end_offset
+            self._followers = IsrState.reset(new.leader, new.isr, new.replicas, now_ms)
+            self._unexposed.clear()
+        elif self._followers is not None and (new.isr, new.replicas) != (
+            self.isr,
+            self.replicas,
+        ):
+            self._followers.update_membership(new.isr, new.replicas)
         self._transition(Role.LEADER, new)
+        self._after_isr_change()
         return True
 
     def make_follower(self, state: PartitionStateView) -> bool:
-        """Follow the partition's leader (or wait for one: leader -1); False if stale."""
+        """Follow the partition's leader (or wait for one: leader -1); False if stale. The log
+        is not truncated here: the fetcher does it from the epochs (``replication.follower``)."""
         new = ReplicaState.of(state)
         invariant(
             new.leader != self.local_broker_id and self.local_broker_id in new.replicas,
@@ -310,7 +347,7 @@ class Partition:
         )
         if is_stale(self.state, new):
             return False
-        self.leader_epoch_start_offset = None
+        self._stop_leading(new.leader, new.leader_epoch)
         self._transition(Role.FOLLOWER, new)
         return True
 
@@ -319,7 +356,18 @@ class Partition:
         request is NOT_LEADER_OR_FOLLOWER. The owner deletes the log afterwards."""
         if self.role is not Role.STOPPED:
             self._transition(Role.STOPPED, self.state)
+        self._stop_leading(-1, self.leader_epoch)
+
+    def _stop_leading(self, leader: int, epoch: int) -> None:
         self.leader_epoch_start_offset = None
+        self._followers = None
+        self._unexposed.clear()
+        if self._waiting:
+            error = NotLeaderOrFollower(
+                f"{self.topic}-{self.partition_id}: leadership moved to broker {leader} "
+                f"(epoch {epoch}) before the append was committed"
+            )
+            self._fail_waiting(error)
 
     def update_config(self, config: LogConfig, min_insync_replicas: int) -> None:
         """A topic config change: limits apply from the next call (index sizes from the next
@@ -368,18 +416,52 @@ class Partition:
             )
         try:
             info = self.log.append_as_leader(data, self.leader_epoch)
-            visible = self._advance_high_watermark()
         except StorageError as e:
             raise from_storage_error(e) from e
-        if visible and not info.duplicate:
-            for listener in self.on_append:
+        if not info.duplicate:
+            self._unexposed.append((self.log.log_end_offset, info.size_bytes))
+            for listener in self.on_log_append:
                 listener(self.key, info.size_bytes)
+        self._maybe_advance_high_watermark()
         return info
 
-    def _advance_high_watermark(self) -> bool:
-        return self.log.maybe_increment_high_watermark(
-            high_watermark_after_append(self.log.log_end_offset)
-        )
+    def await_commit(self, info: AppendInfo, callback: CommitCallback) -> None:
+        """Call ``callback(None)`` once the high watermark passes ``info``'s last offset (at
+        once if it has), or ``callback(error)`` when the wait fails (module doc). The
+        caller bounds the wait with its own timeout."""
+        if not self.is_leader:
+            callback(NotLeaderOrFollower(f"{self}: no longer the leader"))
+        elif info.last_offset < self.high_watermark:
+            callback(None)
+        else:
+            self._waiting.append((info.last_offset + 1, callback))
+
+    def _maybe_advance_high_watermark(self) -> bool:
+        """Move the HW to the smallest log end offset in the ISR; wake what it commits."""
+        followers, log = self._followers, self.log
+        if followers is None:
+            return False
+        try:
+            moved = log.maybe_increment_high_watermark(followers.high_watermark(log.log_end_offset))
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        if not moved:
+            return False
+        hw, exposed, unexposed = log.high_watermark, 0, self._unexposed
+        while unexposed and unexposed[0][0] <= hw:
+            exposed += unexposed.popleft()[1]
+        if exposed:
+            for listener in self.on_append:
+                listener(self.key, exposed)
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= hw:
+            waiting.popleft()[1](None)
+        return True
+
+    def _fail_waiting(self, error: ReplicationError) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        for _, callback in waiting:
+            callback(error)
 
     def read(
         self,
@@ -403,6 +485,142 @@ class Partition:
             )
         except StorageError as e:
             raise from_storage_error(e) from e
+
+    # -- the leader's followers -------------------------------------------------------------
+    def read_for_follower(
+        self,
+        replica_id: int,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        last_fetched_epoch: int,
+        current_leader_epoch: int,
+        now_ms: int,
+        min_one_batch: bool = True,
+    ) -> FollowerRead:
+        """A follower's fetch: the diverging epoch if its last fetched epoch does not end at
+        or after ``fetch_offset`` here (KIP-320: nothing read, its position not taken),
+        else the batches from ``fetch_offset`` to the log end. The fetch offset is the
+        follower's log end: it may move the HW and let the follower join the ISR."""
+        self._require_leader(current_leader_epoch)
+        followers = self._followers
+        if followers is None or replica_id not in followers.followers:
+            raise NotLeaderOrFollower(
+                f"broker {replica_id} is not a follower of {self.topic}-{self.partition_id} "
+                f"(replicas {self.replicas})"
+            )
+        if last_fetched_epoch >= 0:
+            epoch, end = self.end_offset_for_epoch(last_fetched_epoch)
+            if epoch < last_fetched_epoch or end < fetch_offset:
+                return FollowerRead(None, (epoch, end))
+        try:
+            data = self.log.read(
+                fetch_offset, max_bytes, isolation=Isolation.LOG_END, min_one_batch=min_one_batch
+            )
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        followers.follower_fetched(replica_id, fetch_offset, self.log.log_end_offset, now_ms)
+        self._maybe_advance_high_watermark()
+        if followers.pending is None and followers.ready_to_join(
+            replica_id, self.high_watermark, self.leader_epoch_start_offset or 0
+        ):
+            self._propose_isr((*self.isr, replica_id))
+        return FollowerRead(data, None)
+
+    def maybe_shrink_isr(self, now_ms: int) -> tuple[int, ...]:
+        """Propose an ISR without the followers not caught up within
+        ``replica_lag_time_max_ms``; returns them (empty: nothing proposed)."""
+        followers = self._followers
+        if followers is None or followers.pending is not None:
+            return ()
+        late = followers.out_of_sync(now_ms, self.replica_lag_time_max_ms)
+        if late and not self._propose_isr(tuple(r for r in self.isr if r not in late)):
+            return ()
+        return late
+
+    def _propose_isr(self, isr: tuple[int, ...]) -> bool:
+        followers, propose = self._followers, self.propose_isr
+        if followers is None or propose is None or not propose(self, isr):
+            return False
+        followers.pending = isr
+        return True
+
+    def isr_change_committed(self, state: PartitionStateView, now_ms: int) -> None:
+        """The controller committed a proposed ISR (its answer, before the image has it)."""
+        if self._followers is not None:
+            self._followers.pending = None
+        if state.leader == self.local_broker_id and state.leader_epoch == self.leader_epoch:
+            self.make_leader(state, now_ms=now_ms)
+
+    def isr_change_failed(self) -> None:
+        """A proposal was refused or lost: the next fetch or check may propose again."""
+        if self._followers is not None:
+            self._followers.pending = None
+
+    @property
+    def pending_isr(self) -> tuple[int, ...] | None:
+        return None if self._followers is None else self._followers.pending
+
+    def _after_isr_change(self) -> None:
+        """A shrink may commit what waited for the removed replica; one below the minimum
+        fails the acks=-1 appends still waiting (Kafka checks it as they complete)."""
+        if self.role is not Role.LEADER:
+            return
+        self._maybe_advance_high_watermark()
+        if self._waiting and len(self.isr) < self.min_insync_replicas:
+            self._fail_waiting(
+                NotEnoughReplicasAfterAppend(
+                    f"the ISR shrank to {len(self.isr)} replicas, below min.insync.replicas "
+                    f"{self.min_insync_replicas}, before the append was committed"
+                )
+            )
+
+    # -- the follower's side -------------------------------------------------------------------
+    def fetch_position(self) -> tuple[int, int]:
+        """(fetch offset = the log end, the epoch of the last batch or -1) for a follower."""
+        latest = self.log.epoch_cache.latest_epoch
+        return self.log.log_end_offset, -1 if latest is None else latest
+
+    def append_as_follower(
+        self,
+        data: bytes | bytearray | memoryview,
+        leader_high_watermark: int,
+        leader_log_start_offset: int,
+    ) -> AppendInfo | None:
+        """Append the leader's batches verbatim (none: just the offsets), then take the
+        leader's HW (up to this log's end) and log start (up to the HW)."""
+        self._require_follower()
+        log = self.log
+        try:
+            info = log.append_as_follower(data) if memoryview(data).nbytes else None
+            log.update_high_watermark(leader_high_watermark)
+            start = min(leader_log_start_offset, log.high_watermark)
+            if start > log.log_start_offset:
+                log.maybe_increment_log_start_offset(start)
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        return info
+
+    def truncate_to(self, offset: int) -> bool:
+        """Drop everything at and above ``offset`` (a follower's divergence)."""
+        self._require_follower()
+        try:
+            return self.log.truncate_to(offset)
+        except StorageError as e:
+            raise from_storage_error(e) from e
+
+    def restart_at(self, offset: int) -> None:
+        """Drop the whole log and start empty at ``offset`` (the leader's log start passed
+        this follower's log end)."""
+        self._require_follower()
+        try:
+            self.log.truncate_fully_and_start_at(offset)
+        except StorageError as e:
+            raise from_storage_error(e) from e
+
+    def _require_follower(self) -> None:
+        if self.role is not Role.FOLLOWER:
+            raise NotLeaderOrFollower(f"{self}: not a follower")
 
     def offsets_for_timestamp(
         self,

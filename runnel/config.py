@@ -133,6 +133,13 @@ class BrokerConfig:
     fetch_max_wait_ms: int = 30_000  # the longest a Fetch may long-poll, whatever it asks
     fetch_max_waiting: int = 10_000  # long-polling fetches parked at once; more answer at once
     controller_request_timeout_ms: int = 30_000  # a request forwarded to the controller
+    # Replication (Kafka's names and defaults).
+    replica_lag_time_max_ms: int = 30_000  # an ISR follower not caught up this long leaves
+    replica_fetch_wait_max_ms: int = 500  # a follower's long poll on its leader
+    replica_fetch_max_bytes: int = 1_048_576  # per partition per follower fetch
+    replica_fetch_response_max_bytes: int = 10_485_760  # per follower fetch
+    replica_fetch_backoff_ms: int = 1000  # a partition's rest after a fetch error
+    replica_high_watermark_checkpoint_interval_ms: int = 5000
 
     def __post_init__(self) -> None:
         _at_least(
@@ -142,9 +149,21 @@ class BrokerConfig:
             "fetch_max_bytes",
             "fetch_max_waiting",
             "controller_request_timeout_ms",
+            "replica_lag_time_max_ms",
+            "replica_fetch_max_bytes",
+            "replica_fetch_response_max_bytes",
+            "replica_high_watermark_checkpoint_interval_ms",
         )
-        _at_least(self, 0, "fetch_max_wait_ms")
+        _at_least(
+            self, 0, "fetch_max_wait_ms", "replica_fetch_wait_max_ms", "replica_fetch_backoff_ms"
+        )
         _flags(self, "auto_create_topics_enable")
+        if self.replica_fetch_wait_max_ms >= self.replica_lag_time_max_ms:
+            # As Kafka requires: a follower waiting out one long poll must not leave the ISR.
+            raise ValueError(
+                f"replica_fetch_wait_max_ms ({self.replica_fetch_wait_max_ms}) must be below "
+                f"replica_lag_time_max_ms ({self.replica_lag_time_max_ms})"
+            )
 
 
 _at_least = at_least

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import uvloop
 
-from broker.context import BrokerSettings
+from broker.context import BrokerSettings, ReplicationSettings
 from broker.lifecycle import BrokerLifecycle, BrokerState
 from broker.runtime import KafkaBroker
 from controller.client import ControllerClient
@@ -125,6 +125,16 @@ class RunnelNode:
             fetch_max_wait_ms=b.fetch_max_wait_ms,
             controller_request_timeout_ms=b.controller_request_timeout_ms,
             log_defaults=config.log,
+            replication=ReplicationSettings(
+                replica_lag_time_max_ms=b.replica_lag_time_max_ms,
+                replica_fetch_wait_max_ms=b.replica_fetch_wait_max_ms,
+                replica_fetch_max_bytes=b.replica_fetch_max_bytes,
+                replica_fetch_response_max_bytes=b.replica_fetch_response_max_bytes,
+                replica_fetch_backoff_ms=b.replica_fetch_backoff_ms,
+                replica_high_watermark_checkpoint_interval_ms=(
+                    b.replica_high_watermark_checkpoint_interval_ms
+                ),
+            ),
         )
         logs = LogManager(config.data_dirs, config.log, foreign_dirs=frozenset({METADATA_LOG_DIR}))
         return KafkaBroker(

@@ -6,8 +6,10 @@ the request is being handled, so the appends of a connection's pipelined request
 order. Every partition gets its own error code; a bad partition never fails the others.
 acks=0 sends no response: on an error the connection is closed instead (as Kafka does), which
 is the only way such a producer can learn of it. acks=-1 completes when the high watermark
-passes the batch: in this issue a partition is served by its leader alone, whose high
-watermark moves with each append (replication/partition.py), so it completes at once.
+passes every partition's batch (the ISR has it: ``Partition.await_commit``); a partition whose
+wait fails answers its error (NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER), and
+one still waiting after the request's ``timeout_ms`` (at most ``MAX_ACKS_TIMEOUT_MS``)
+answers REQUEST_TIMED_OUT: the records may still be committed later, as in Kafka.
 
 InitProducerId hands out a producer id (from blocks the controller allocates) at epoch 0.
 Transactions are not supported: a transactional id is refused.
@@ -15,8 +17,10 @@ Transactions are not supported: a transactional id is refused.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.context import BrokerContext
 from broker.handlers.common import Reply, error_code_of, lookup_partition
@@ -25,11 +29,14 @@ from broker.protocol import ErrorCode, RequestHeader
 from broker.server import CloseConnection
 from replication.errors import ReplicationError
 from replication.partition import Partition
+from storage.log import AppendInfo
 
 __all__ = ["init_producer_id", "produce"]
 
 _log = logging.getLogger(__name__)
 VALID_ACKS = (-1, 0, 1)
+MAX_ACKS_TIMEOUT_MS = 300_000  # the longest an acks=-1 produce waits, whatever it asks
+_TIMED_OUT = "the in-sync replicas did not all have the records within the request's timeout"
 INVALID_RECORD_FROM = 8  # the first Produce version that knows INVALID_RECORD
 
 
@@ -44,27 +51,41 @@ def _failed(index: int, code: int, message: str | None = None) -> dict[str, Any]
     }
 
 
+class _Waiting(NamedTuple):
+    """An acks=-1 append whose batch is not committed yet, and its answer to fill in."""
+
+    partition: Partition
+    info: AppendInfo
+    result: dict[str, Any]
+
+
 def _append(
     partition: Partition, index: int, records: Any, acks: int, version: int
-) -> dict[str, Any]:
+) -> dict[str, Any] | _Waiting:
     if records is None:
         return _failed(index, ErrorCode.CORRUPT_MESSAGE, "no records")
     try:
         info = partition.append_as_leader(records, acks)
     except ReplicationError as e:
-        # INVALID_RECORD exists from Produce v8; older clients know it as CORRUPT_MESSAGE.
-        legacy = getattr(e, "legacy_code", None)
-        code = legacy if legacy is not None and version < INVALID_RECORD_FROM else e.code
-        return _failed(index, code, str(e))
+        return _failed(index, _code_for(e, version), str(e))
     except Exception as e:  # a bug: logged; the other partitions still get their answer
         return _failed(index, error_code_of(e))
-    return {
+    result = {
         "index": index,
         "error_code": ErrorCode.NONE,
         "base_offset": info.first_offset,
         "log_append_time_ms": info.log_append_time_ms,
         "log_start_offset": partition.log_start_offset,
     }
+    if acks == -1 and info.last_offset >= partition.high_watermark:
+        return _Waiting(partition, info, result)
+    return result
+
+
+def _code_for(error: ReplicationError, version: int) -> int:
+    # INVALID_RECORD exists from Produce v8; older clients know it as CORRUPT_MESSAGE.
+    legacy = getattr(error, "legacy_code", None)
+    return legacy if legacy is not None and version < INVALID_RECORD_FROM else error.code
 
 
 def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
@@ -77,6 +98,7 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
         refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions unsupported")
     responses = []
     failures = 0
+    waiting: list[_Waiting] = []
     for topic in request.topic_data:
         partitions = []
         for data in topic.partition_data:
@@ -85,7 +107,11 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
             else:
                 found = lookup_partition(context, image, topic.name, data.index)
                 if isinstance(found, Partition):
-                    result = _append(found, data.index, data.records, acks, header.api_version)
+                    appended = _append(found, data.index, data.records, acks, header.api_version)
+                    if isinstance(appended, _Waiting):
+                        waiting.append(appended)
+                        appended = appended.result
+                    result = appended
                 else:
                     result = _failed(data.index, found)
             failures += result["error_code"] != ErrorCode.NONE
@@ -95,7 +121,44 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
         if failures:
             raise CloseConnection(f"acks=0 produce failed for {failures} partition(s)")
         return None
-    return {"responses": responses, "throttle_time_ms": 0}
+    body = {"responses": responses, "throttle_time_ms": 0}
+    if waiting:
+        timeout_ms = min(max(request.timeout_ms, 0), MAX_ACKS_TIMEOUT_MS)
+        return _committed(body, waiting, timeout_ms, header.api_version)
+    return body
+
+
+async def _committed(
+    body: dict[str, Any], waiting: list[_Waiting], timeout_ms: int, version: int
+) -> dict[str, Any]:
+    """``body`` once every waiting append is committed, failed or timed out."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[ReplicationError | None]] = []
+    for partition, info, _ in waiting:
+        future: asyncio.Future[ReplicationError | None] = loop.create_future()
+        partition.await_commit(info, functools.partial(_settle, future))
+        futures.append(future)
+    if not all(f.done() for f in futures):
+        await asyncio.wait(futures, timeout=timeout_ms / 1000)
+    for future, (_, _, result) in zip(futures, waiting, strict=True):
+        if not future.done():
+            future.cancel()
+            failure = _failed(result["index"], ErrorCode.REQUEST_TIMED_OUT, _TIMED_OUT)
+        elif (error := future.result()) is not None:
+            failure = _failed(result["index"], _code_for(error, version), str(error))
+        else:
+            continue
+        result.clear()
+        result.update(failure)
+    return body
+
+
+_Outcome = asyncio.Future[ReplicationError | None]
+
+
+def _settle(future: _Outcome, error: ReplicationError | None) -> None:
+    if not future.done():
+        future.set_result(error)
 
 
 def init_producer_id(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:

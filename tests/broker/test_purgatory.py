@@ -165,7 +165,7 @@ def test_a_cancelled_fetch_leaves_nothing_behind() -> None:
 def test_a_partition_append_wakes_a_parked_fetch(tmp_path: Path) -> None:
     log = load_log(tmp_path / "orders-0", LogConfig(), clock=FakeClock())
     partition = Partition("orders", bytes(16), 0, log, local_broker_id=1)
-    partition.make_leader(PartitionState(bytes(16), 0, (1,), (1,), 1, 0, 0))
+    partition.make_leader(PartitionState(bytes(16), 0, (1,), (1,), 1, 0, 0), now_ms=0)
 
     async def body() -> None:
         purgatory = FetchPurgatory()

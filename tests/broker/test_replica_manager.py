@@ -48,10 +48,10 @@ class Cluster:
 
 
 def orders(topic_id: bytes = ORDERS) -> list[MetadataRecord]:
-    """Partition 0 led here, 1 followed here (led by 2), 2 not here at all."""
+    """Partition 0 led here (alone in its ISR), 1 followed here (led by 2), 2 not here at all."""
     return [
         rec.topic("orders", topic_id),
-        rec.partition(topic_id, 0, [ME, 2], [ME, 2], leader=ME),
+        rec.partition(topic_id, 0, [ME, 2], [ME], leader=ME),
         rec.partition(topic_id, 1, [2, ME], [2, ME], leader=2),
         rec.partition(topic_id, 2, [2, 3], [2, 3], leader=2),
     ]
@@ -140,7 +140,7 @@ def test_leadership_changes_become_leader_and_follower_and_wake_fetches(broker: 
     broker.replicas.apply(cluster.replay(*orders()))
     led = broker.partition("orders", 0)
     broker.purgatory.woken.clear()
-    broker.replicas.apply(cluster.replay(rec.partition_change(ORDERS, 0, leader=2)))
+    broker.replicas.apply(cluster.replay(rec.partition_change(ORDERS, 0, leader=2, isr=[ME, 2])))
     assert broker.partition("orders", 0) is led  # the same replica, now following
     assert led.role is Role.FOLLOWER and (led.leader_id, led.leader_epoch) == (2, 1)
     assert broker.purgatory.woken == [("orders", 0)]
@@ -153,9 +153,9 @@ def test_an_isr_change_updates_the_state_without_waking_fetches(broker: Broker) 
     cluster = Cluster()
     broker.replicas.apply(cluster.replay(*orders()))
     broker.purgatory.woken.clear()
-    broker.replicas.apply(cluster.replay(rec.partition_change(ORDERS, 0, isr=[ME])))
+    broker.replicas.apply(cluster.replay(rec.partition_change(ORDERS, 0, isr=[ME, 2])))
     led = broker.partition("orders", 0)
-    assert led.isr == (ME,) and led.partition_epoch == 1 and led.is_leader
+    assert led.isr == (ME, 2) and led.partition_epoch == 1 and led.is_leader
     assert broker.purgatory.woken == []
 
 

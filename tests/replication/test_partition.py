@@ -39,7 +39,7 @@ def state(
     leader_epoch: int = 5,
     partition_epoch: int = 7,
     replicas: tuple[int, ...] = (ME, 2, 3),
-    isr: tuple[int, ...] = (ME, 2, 3),
+    isr: tuple[int, ...] = (ME,),  # the leader alone: its appends commit at once
 ) -> PartitionState:
     return PartitionState(TOPIC_ID, 0, replicas, isr, leader, leader_epoch, partition_epoch)
 
@@ -55,7 +55,7 @@ def make_partition(tmp_path: Path) -> Iterator[MakePartition]:
             "orders", TOPIC_ID, 0, log, local_broker_id=ME, min_insync_replicas=min_isr
         )
         if lead:
-            partition.make_leader(state())
+            partition.make_leader(state(), now_ms=0)
         return partition
 
     yield make
@@ -83,7 +83,7 @@ def test_make_leader_takes_the_state_of_the_image(make_partition: MakePartition)
     p = make_partition()
     assert p.is_leader and p.role is Role.LEADER
     assert (p.leader_id, p.leader_epoch, p.partition_epoch) == (ME, 5, 7)
-    assert (p.replicas, p.isr) == ((ME, 2, 3), (ME, 2, 3))
+    assert (p.replicas, p.isr) == ((ME, 2, 3), (ME,))
 
 
 def test_make_follower_stops_leader_requests(make_partition: MakePartition) -> None:
@@ -96,7 +96,7 @@ def test_make_follower_stops_leader_requests(make_partition: MakePartition) -> N
         p.read(0, 1000)
     with pytest.raises(errors.NotLeaderOrFollower):
         p.offsets_for_timestamp(LATEST_TIMESTAMP)
-    assert p.make_leader(state(leader_epoch=7, partition_epoch=9))
+    assert p.make_leader(state(leader_epoch=7, partition_epoch=9), now_ms=0)
     assert p.is_leader and p.leader_epoch == 7
 
 
@@ -104,7 +104,7 @@ def test_a_state_with_an_older_partition_epoch_is_ignored(make_partition: MakePa
     p = make_partition()
     assert not p.make_follower(state(leader=2, leader_epoch=9, partition_epoch=6))
     assert p.is_leader and (p.leader_epoch, p.partition_epoch) == (5, 7)
-    assert p.make_leader(state(partition_epoch=7, isr=(ME, 2)))  # the same epoch applies
+    assert p.make_leader(state(partition_epoch=7, isr=(ME, 2)), now_ms=0)  # the same epoch applies
     assert p.isr == (ME, 2)
 
 
@@ -117,13 +117,13 @@ def test_a_stopped_replica_serves_nothing_and_cannot_restart(
     with pytest.raises(errors.NotLeaderOrFollower):
         p.append_as_leader(make_batch([b"a"]), 1)
     with pytest.raises(storage_errors.InvariantViolation, match="illegal transition"):
-        p.make_leader(state(partition_epoch=99))
+        p.make_leader(state(partition_epoch=99), now_ms=0)
 
 
 def test_make_leader_for_another_broker_is_a_bug(make_partition: MakePartition) -> None:
     p = make_partition(lead=False)
     with pytest.raises(storage_errors.InvariantViolation):
-        p.make_leader(state(leader=2))
+        p.make_leader(state(leader=2), now_ms=0)
     with pytest.raises(storage_errors.InvariantViolation):
         p.make_follower(state(leader=ME))
 
@@ -173,7 +173,7 @@ def test_a_new_leader_epoch_is_written_on_the_first_append_only(
     p.append_as_leader(make_batch([b"a", b"b", b"c"]), 1)
     cache_file = p.log.epoch_cache.path
     before = cache_file.read_text()
-    p.make_leader(state(leader_epoch=8, partition_epoch=9))
+    p.make_leader(state(leader_epoch=8, partition_epoch=9), now_ms=0)
     assert cache_file.read_text() == before == "0\n1\n5 0\n"
     assert p.leader_epoch_start_offset == 3
     # As if the cache held (8, 3), as Kafka's does from makeLeader on:
@@ -241,14 +241,16 @@ def test_acks_zero_and_one_append(make_partition: MakePartition) -> None:
 
 def test_acks_all_needs_min_insync_replicas_in_the_isr(make_partition: MakePartition) -> None:
     p = make_partition(min_isr=2)
-    p.make_leader(state(partition_epoch=8, isr=(ME,)))
+    p.make_leader(state(partition_epoch=8, isr=(ME,)), now_ms=0)
     with pytest.raises(errors.NotEnoughReplicas) as refused:
         p.append_as_leader(make_batch([b"a"]), -1)
     assert refused.value.code == 19 and refused.value.retriable
     assert p.log_end_offset == 0
     p.append_as_leader(make_batch([b"a"]), 1)  # acks=1 does not care
-    p.make_leader(state(partition_epoch=9, isr=(ME, 3)))
+    p.make_leader(state(partition_epoch=9, isr=(ME, 3)), now_ms=0)
     p.append_as_leader(make_batch([b"b"]), -1)
+    assert p.high_watermark == 1  # until follower 3 has it
+    p.read_for_follower(3, 2, 1000, last_fetched_epoch=5, current_leader_epoch=5, now_ms=1)
     assert p.high_watermark == 2
 
 

@@ -1,0 +1,383 @@
+"""Follower fetchers: one per leader broker, each fetching every partition this broker
+follows from that leader in one Kafka Fetch request.
+
+How this works. ``ReplicaFetcherManager.follow(partition)`` (called by the replica manager
+whenever a partition here becomes a follower, or its leader or leader epoch changes) puts
+the partition under the ``ReplicaFetcher`` of its leader, starting that fetcher's task if it
+is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's loop:
+
+1. builds one Fetch v12 request with ``replica_id`` = this broker and, per partition, the
+   fetch offset (its log end), the epoch of its last batch (``last_fetched_epoch``) and the
+   leader epoch it follows (``current_leader_epoch``: the leader fences a stale one);
+2. sends it over its own connection to the leader's listener (the address from the metadata
+   image) and waits: the leader long-polls up to ``replica_fetch_wait_max_ms``, answering as
+   soon as it appends;
+3. handles each partition's answer, first checking that the partition still follows the same
+   leader at the same epoch (an answer for an older epoch is dropped: the follower side of the
+   fencing):
+
+   * records: appended verbatim, then the leader's HW and log start are taken;
+   * a diverging epoch: truncate where ``replication.follower.truncation_offset`` says, and
+     fetch again with the new last epoch (never truncating to a stale HW: KIP-101/279);
+   * OFFSET_OUT_OF_RANGE: restart at the leader's log start, or truncate to its HW;
+   * NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION
+     and the like: the partition rests for ``replica_fetch_backoff_ms`` (the metadata image
+     will bring the new leader or epoch); a storage error rests it too, logged.
+
+A connection error closes the connection; the fetcher reconnects after a backoff that doubles
+up to ``MAX_RECONNECT_BACKOFF_S``. Everything is bounded: the response size
+(``replica_fetch_response_max_bytes``, ``replica_fetch_max_bytes`` per partition) and every
+wait (connect, response).
+
+Concurrency: asyncio, the broker's event loop; partitions are only touched on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.protocol import (
+    ApiKey,
+    ErrorCode,
+    ProtocolError,
+    decode_response,
+    encode_request,
+)
+from replication.errors import ReplicationError
+from replication.follower import out_of_range_action, truncation_offset
+from replication.partition import Partition, PartitionKey, Role
+from storage.batch import LOG_OVERHEAD
+
+__all__ = ["FetcherConfig", "ReplicaFetcher", "ReplicaFetcherManager"]
+
+_log = logging.getLogger(__name__)
+
+FETCH_VERSION = 12  # the first with last_fetched_epoch / diverging_epoch
+CONNECT_TIMEOUT_S = 5.0
+MIN_RECONNECT_BACKOFF_S = 0.05
+MAX_RECONNECT_BACKOFF_S = 1.0
+MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
+_SIZE = struct.Struct(">i")
+_BATCH_LENGTH = struct.Struct(">q i")  # base offset, batch length
+_RESTING_ERRORS = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+)
+
+AddressOf = Callable[[int], tuple[str, int] | None]  # broker id -> its listener, if known
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherConfig:
+    broker_id: int
+    fetch_wait_max_ms: int = 500  # Kafka's replica.fetch.wait.max.ms
+    fetch_max_bytes: int = 1_048_576  # per partition: replica.fetch.max.bytes
+    fetch_response_max_bytes: int = 10_485_760  # replica.fetch.response.max.bytes
+    fetch_backoff_ms: int = 1000  # replica.fetch.backoff.ms: a partition's rest after an error
+    request_timeout_ms: int = 30_000  # beyond the wait, for the leader's answer
+
+
+@dataclass(slots=True)
+class _Followed:
+    partition: Partition
+    leader_epoch: int  # the epoch it follows; an answer for another is dropped
+    rest_until: float = 0.0  # monotonic seconds
+
+
+def whole_batches(records: memoryview) -> memoryview:
+    """``records`` without a trailing partial batch (a leader may cut one at its limit)."""
+    position, size = 0, len(records)
+    while position + LOG_OVERHEAD <= size:
+        _, length = _BATCH_LENGTH.unpack_from(records, position)
+        end = position + LOG_OVERHEAD + length
+        if length < 0 or end > size:
+            break
+        position = end
+    return records[:position]
+
+
+class _Connection:
+    """One Kafka connection to a leader, one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._ids = itertools.count(1)
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Connection:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def request(
+        self, api_key: int, version: int, body: dict[str, Any], max_bytes: int
+    ) -> Any:
+        correlation_id = next(self._ids)
+        for part in encode_request(api_key, version, correlation_id, "runnel-replica", body):
+            if not isinstance(part, bytes | bytearray | memoryview):  # never in a request
+                raise ProtocolError(f"a request cannot carry {part!r}")
+            self.writer.write(part)
+        await self.writer.drain()
+        (size,) = _SIZE.unpack(await self.reader.readexactly(4))
+        if not 0 < size <= max_bytes:
+            raise ProtocolError(f"a {size}-byte response is over the {max_bytes}-byte limit")
+        frame = await self.reader.readexactly(size)
+        got, value = decode_response(api_key, version, memoryview(frame))
+        if got != correlation_id:
+            raise ProtocolError(f"correlation id {got}, expected {correlation_id}")
+        return value
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class ReplicaFetcher:
+    """Fetches the partitions this broker follows from one leader (module doc)."""
+
+    def __init__(self, leader_id: int, config: FetcherConfig, address_of: AddressOf) -> None:
+        self.leader_id = leader_id
+        self.config = config
+        self.address_of = address_of
+        self.followed: dict[PartitionKey, _Followed] = {}
+        self.fetches = 0
+        self.bytes_appended = 0
+        self.truncations = 0
+        self._wanted = asyncio.Event()
+        self._connection: _Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, partition: Partition) -> None:
+        self.followed[partition.key] = _Followed(partition, partition.leader_epoch)
+        self._wanted.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"replica-fetcher-{self.leader_id}"
+            )
+
+    def remove(self, key: PartitionKey) -> None:
+        self.followed.pop(key, None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._disconnect()
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        backoff_s = MIN_RECONNECT_BACKOFF_S
+        while True:
+            ready = self._ready()
+            if not ready:
+                await self._idle()
+                continue
+            try:
+                connection = await self._connect()
+                response = await self._fetch(connection, ready)
+            except (OSError, EOFError, TimeoutError, ProtocolError) as e:
+                _log.info(
+                    "fetch from broker %d failed: %r; again in %.2f s", self.leader_id, e, backoff_s
+                )
+                self._disconnect()
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, MAX_RECONNECT_BACKOFF_S)
+                continue
+            backoff_s = MIN_RECONNECT_BACKOFF_S
+            self.fetches += 1
+            self._handle(response, ready)
+
+    def _ready(self) -> list[_Followed]:
+        now = time.monotonic()
+        return [f for f in self.followed.values() if f.rest_until <= now]
+
+    async def _idle(self) -> None:
+        """Nothing to fetch now: wait for a new partition or the end of the shortest rest."""
+        self._wanted.clear()
+        rests = [f.rest_until for f in self.followed.values()]
+        timeout = max(0.0, min(rests) - time.monotonic()) if rests else None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wanted.wait(), timeout)
+
+    async def _connect(self) -> _Connection:
+        if self._connection is None:
+            address = self.address_of(self.leader_id)
+            if address is None:
+                raise OSError(f"broker {self.leader_id} has no known address")
+            self._connection = await _Connection.open(*address)
+        return self._connection
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def _fetch(self, connection: _Connection, ready: list[_Followed]) -> Any:
+        config = self.config
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for followed in ready:
+            partition = followed.partition
+            fetch_offset, last_epoch = partition.fetch_position()
+            topics.setdefault(partition.topic, []).append(
+                {
+                    "partition": partition.partition_id,
+                    "current_leader_epoch": followed.leader_epoch,
+                    "fetch_offset": fetch_offset,
+                    "last_fetched_epoch": last_epoch,
+                    "log_start_offset": partition.log_start_offset,
+                    "partition_max_bytes": config.fetch_max_bytes,
+                }
+            )
+        body = {
+            "replica_id": config.broker_id,
+            "max_wait_ms": config.fetch_wait_max_ms,
+            "min_bytes": 1,
+            "max_bytes": config.fetch_response_max_bytes,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        }
+        timeout_s = (config.fetch_wait_max_ms + config.request_timeout_ms) / 1000
+        limit = config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
+        async with asyncio.timeout(timeout_s):
+            return await connection.request(ApiKey.FETCH, FETCH_VERSION, body, limit)
+
+    # -- answers ---------------------------------------------------------------------------
+    def _handle(self, response: Any, asked: list[_Followed]) -> None:
+        if response.error_code != ErrorCode.NONE:
+            _log.warning("fetch from broker %d: error %d", self.leader_id, response.error_code)
+            self._rest_all(asked)
+            return
+        for topic in response.responses:
+            for answer in topic.partitions:
+                followed = self.followed.get((topic.topic, answer.partition_index))
+                if followed is None or not self._still_following(followed):
+                    continue  # unfollowed, or a newer epoch since the request: dropped
+                try:
+                    self._apply(followed, answer)
+                except ReplicationError as e:
+                    _log.error("%r: follower append failed: %s", followed.partition, e)
+                    self._rest(followed)
+
+    def _still_following(self, followed: _Followed) -> bool:
+        partition = followed.partition
+        return (
+            partition.role is Role.FOLLOWER
+            and partition.leader_id == self.leader_id
+            and partition.leader_epoch == followed.leader_epoch
+        )
+
+    def _apply(self, followed: _Followed, answer: Any) -> None:
+        partition, code = followed.partition, answer.error_code
+        if code == ErrorCode.NONE:
+            diverging = getattr(answer, "diverging_epoch", None)
+            if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+                self._truncate(partition, diverging.epoch, diverging.end_offset, answer)
+                return
+            records = answer.records
+            data = whole_batches(memoryview(records if records is not None else b""))
+            hw, start = answer.high_watermark, answer.log_start_offset
+            if partition.append_as_follower(data, hw, start) is not None:
+                self.bytes_appended += len(data)
+        elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._out_of_range(partition, answer)
+        elif code in _RESTING_ERRORS:
+            self._rest(followed)
+        else:
+            _log.warning("%r: fetch from broker %d: error %d", partition, self.leader_id, code)
+            self._rest(followed)
+
+    def _truncate(self, partition: Partition, epoch: int, end_offset: int, answer: Any) -> None:
+        log = partition.log
+        target = truncation_offset(
+            epoch, end_offset, log.end_offset_for_epoch, log.log_end_offset, answer.log_start_offset
+        )
+        before = log.log_end_offset
+        if target < log.log_start_offset:
+            partition.restart_at(max(answer.log_start_offset, 0))
+        else:
+            partition.truncate_to(target)
+        self.truncations += 1
+        _log.info(
+            "%r: diverged from leader %d at epoch %d (ends at %d there): log end %d -> %d",
+            partition,
+            self.leader_id,
+            epoch,
+            end_offset,
+            before,
+            log.log_end_offset,
+        )
+
+    def _out_of_range(self, partition: Partition, answer: Any) -> None:
+        fetch_offset = partition.log.log_end_offset
+        action = out_of_range_action(fetch_offset, answer.log_start_offset, answer.high_watermark)
+        if action.restart:
+            partition.restart_at(action.offset)
+        else:
+            partition.truncate_to(action.offset)
+        _log.warning(
+            "%r: offset %d out of range on leader %d (log start %d, HW %d): %s %d",
+            partition,
+            fetch_offset,
+            self.leader_id,
+            answer.log_start_offset,
+            answer.high_watermark,
+            "restarted at" if action.restart else "truncated to",
+            action.offset,
+        )
+
+    def _rest(self, followed: _Followed) -> None:
+        followed.rest_until = time.monotonic() + self.config.fetch_backoff_ms / 1000
+
+    def _rest_all(self, asked: list[_Followed]) -> None:
+        for followed in asked:
+            self._rest(followed)
+
+
+class ReplicaFetcherManager:
+    """The fetchers of one broker, by leader (module doc)."""
+
+    def __init__(self, config: FetcherConfig, address_of: AddressOf) -> None:
+        self.config = config
+        self.address_of = address_of
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self._leader_of: dict[PartitionKey, int] = {}
+
+    def follow(self, partition: Partition) -> None:
+        leader = partition.leader_id
+        self.unfollow(partition)
+        fetcher = self.fetchers.get(leader)
+        if fetcher is None:
+            fetcher = self.fetchers[leader] = ReplicaFetcher(leader, self.config, self.address_of)
+        fetcher.add(partition)
+        self._leader_of[partition.key] = leader
+
+    def unfollow(self, partition: Partition) -> None:
+        leader = self._leader_of.pop(partition.key, None)
+        if leader is not None:
+            self.fetchers[leader].remove(partition.key)
+
+    def following(self) -> int:
+        return len(self._leader_of)
+
+    async def close(self) -> None:
+        fetchers, self.fetchers = list(self.fetchers.values()), {}
+        self._leader_of.clear()
+        for fetcher in fetchers:
+            await fetcher.close()
