@@ -16,13 +16,12 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    leader at the same epoch (an answer for an older epoch is dropped: the follower side of the
    fencing):
 
-   * records: appended verbatim, then the leader's HW and log start are taken;
-   * a diverging epoch: truncate where ``replication.follower.truncation_offset`` says, and
-     fetch again with the new last epoch (never truncating to a stale HW: KIP-101/279);
-   * OFFSET_OUT_OF_RANGE: restart at the leader's log start, or truncate to its HW;
-   * NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION
-     and the like: the partition rests for ``replica_fetch_backoff_ms`` (the metadata image
-     will bring the new leader or epoch); a storage error rests it too, logged.
+   ``replication.follower.apply_fetch_answer`` does the rest: records are appended verbatim
+   with the leader's HW and log start; a diverging epoch truncates (never to a stale HW:
+   KIP-101/279) and the next fetch carries the new last epoch; OFFSET_OUT_OF_RANGE restarts
+   at the leader's log start or truncates to its HW. Any other error (NOT_LEADER_OR_FOLLOWER,
+   FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the metadata image will bring the new leader or
+   epoch) and a storage error rest the partition for ``replica_fetch_backoff_ms``.
 
 A connection error closes the connection; the fetcher reconnects after a backoff that doubles
 up to ``MAX_RECONNECT_BACKOFF_S``. Everything is bounded: the response size
@@ -52,9 +51,8 @@ from broker.protocol import (
     encode_request,
 )
 from replication.errors import ReplicationError
-from replication.follower import out_of_range_action, truncation_offset
+from replication.follower import FetchAnswer, Outcome, apply_fetch_answer
 from replication.partition import Partition, PartitionKey, Role
-from storage.batch import LOG_OVERHEAD
 
 __all__ = ["FetcherConfig", "ReplicaFetcher", "ReplicaFetcherManager"]
 
@@ -66,7 +64,6 @@ MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
 _SIZE = struct.Struct(">i")
-_BATCH_LENGTH = struct.Struct(">q i")  # base offset, batch length
 _RESTING_ERRORS = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -94,18 +91,6 @@ class _Followed:
     partition: Partition
     leader_epoch: int  # the epoch it follows; an answer for another is dropped
     rest_until: float = 0.0  # monotonic seconds
-
-
-def whole_batches(records: memoryview) -> memoryview:
-    """``records`` without a trailing partial batch (a leader may cut one at its limit)."""
-    position, size = 0, len(records)
-    while position + LOG_OVERHEAD <= size:
-        _, length = _BATCH_LENGTH.unpack_from(records, position)
-        end = position + LOG_OVERHEAD + length
-        if length < 0 or end > size:
-            break
-        position = end
-    return records[:position]
 
 
 class _Connection:
@@ -284,62 +269,42 @@ class ReplicaFetcher:
         )
 
     def _apply(self, followed: _Followed, answer: Any) -> None:
-        partition, code = followed.partition, answer.error_code
-        if code == ErrorCode.NONE:
-            diverging = getattr(answer, "diverging_epoch", None)
-            if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
-                self._truncate(partition, diverging.epoch, diverging.end_offset, answer)
-                return
-            records = answer.records
-            data = whole_batches(memoryview(records if records is not None else b""))
-            hw, start = answer.high_watermark, answer.log_start_offset
-            if partition.append_as_follower(data, hw, start) is not None:
-                self.bytes_appended += len(data)
-        elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
-            self._out_of_range(partition, answer)
-        elif code in _RESTING_ERRORS:
-            self._rest(followed)
-        else:
-            _log.warning("%r: fetch from broker %d: error %d", partition, self.leader_id, code)
-            self._rest(followed)
-
-    def _truncate(self, partition: Partition, epoch: int, end_offset: int, answer: Any) -> None:
-        log = partition.log
-        target = truncation_offset(
-            epoch, end_offset, log.end_offset_for_epoch, log.log_end_offset, answer.log_start_offset
+        partition = followed.partition
+        diverging = getattr(answer, "diverging_epoch", None)
+        if diverging is not None and diverging.epoch < 0 and diverging.end_offset < 0:
+            diverging = None  # the tagged field's default: no divergence
+        records = answer.records if answer.records is not None else b""
+        done = apply_fetch_answer(
+            partition,
+            FetchAnswer(
+                answer.error_code,
+                answer.high_watermark,
+                answer.log_start_offset,
+                memoryview(records),
+                None if diverging is None else (diverging.epoch, diverging.end_offset),
+            ),
         )
-        before = log.log_end_offset
-        if target < log.log_start_offset:
-            partition.restart_at(max(answer.log_start_offset, 0))
-        else:
-            partition.truncate_to(target)
+        if done.outcome is Outcome.APPENDED:
+            self.bytes_appended += done.bytes_appended
+            return
+        if done.outcome is Outcome.REST:
+            code = answer.error_code
+            if code not in _RESTING_ERRORS:
+                _log.warning("%r: fetch from broker %d: error %d", partition, self.leader_id, code)
+            self._rest(followed)
+            return
         self.truncations += 1
         _log.info(
-            "%r: diverged from leader %d at epoch %d (ends at %d there): log end %d -> %d",
+            "%r: %s to follow leader %d (diverging %s, leader log start %d, HW %d): log end "
+            "%d -> %d",
             partition,
+            done.outcome.value,
             self.leader_id,
-            epoch,
-            end_offset,
-            before,
-            log.log_end_offset,
-        )
-
-    def _out_of_range(self, partition: Partition, answer: Any) -> None:
-        fetch_offset = partition.log.log_end_offset
-        action = out_of_range_action(fetch_offset, answer.log_start_offset, answer.high_watermark)
-        if action.restart:
-            partition.restart_at(action.offset)
-        else:
-            partition.truncate_to(action.offset)
-        _log.warning(
-            "%r: offset %d out of range on leader %d (log start %d, HW %d): %s %d",
-            partition,
-            fetch_offset,
-            self.leader_id,
+            diverging,
             answer.log_start_offset,
             answer.high_watermark,
-            "restarted at" if action.restart else "truncated to",
-            action.offset,
+            done.log_end_before,
+            done.log_end_after,
         )
 
     def _rest(self, followed: _Followed) -> None:

@@ -1,4 +1,12 @@
-"""A follower's truncation decisions (KIP-101, KIP-279, KIP-320), as pure functions.
+"""A follower's side of replication: what it does with each fetch answer from its leader.
+
+``apply_fetch_answer`` is the whole of it, synchronous and with no I/O of its own beyond the
+partition's log, so the broker's fetcher (``broker/replica_fetcher.py``, which owns the
+connection) and the deterministic simulation drive the same code. An answer is records
+(appended verbatim with the leader's HW and log start), a diverging epoch (truncate), an
+out-of-range error (restart or truncate), or another error (the partition rests).
+
+Truncation decisions (KIP-101, KIP-279, KIP-320) are pure functions.
 
 How this works. A follower never truncates to its high watermark (a stale HW after a
 restart loses committed records: KIP-101). It fetches with the epoch of its last batch
@@ -30,17 +38,95 @@ leader's log end, so the follower loses nothing it cannot fetch again.
 
 from __future__ import annotations
 
+import enum
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
+from replication.errors import OffsetOutOfRange
+from replication.partition import Partition
+from storage.batch import LOG_OVERHEAD
+
 __all__ = [
     "NO_EPOCH",
+    "AnswerOutcome",
+    "FetchAnswer",
     "OutOfRangeAction",
+    "Outcome",
+    "apply_fetch_answer",
     "out_of_range_action",
     "truncation_offset",
+    "whole_batches",
 ]
 
 NO_EPOCH = -1
+NO_ERROR = 0
+_BATCH_LENGTH = struct.Struct(">q i")  # base offset, batch length
+
+
+class FetchAnswer(NamedTuple):
+    """One partition's part of a leader's fetch response."""
+
+    error_code: int
+    high_watermark: int
+    log_start_offset: int
+    records: memoryview
+    diverging: tuple[int, int] | None = None  # (epoch, end offset) when the logs diverge
+
+
+class Outcome(enum.Enum):
+    APPENDED = "appended"  # records (maybe none) appended, HW and log start taken
+    TRUNCATED = "truncated"  # a diverging epoch, or above the leader's log end
+    RESTARTED = "restarted"  # below the leader's log start: the log starts again empty
+    REST = "rest"  # an error: the partition rests before it is fetched again
+
+
+class AnswerOutcome(NamedTuple):
+    outcome: Outcome
+    log_end_before: int
+    log_end_after: int
+    bytes_appended: int = 0
+
+
+def apply_fetch_answer(partition: Partition, answer: FetchAnswer) -> AnswerOutcome:
+    """Apply a leader's answer to a follower ``partition`` (module doc). Raises the
+    partition's ReplicationError when the log refuses the leader's batches."""
+    log = partition.log
+    before = log.log_end_offset
+    if answer.error_code == NO_ERROR and answer.diverging is not None:
+        epoch, end_offset = answer.diverging
+        target = truncation_offset(
+            epoch, end_offset, log.end_offset_for_epoch, before, answer.log_start_offset
+        )
+        if target < log.log_start_offset:
+            partition.restart_at(max(answer.log_start_offset, 0))
+            return AnswerOutcome(Outcome.RESTARTED, before, log.log_end_offset)
+        partition.truncate_to(target)
+        return AnswerOutcome(Outcome.TRUNCATED, before, log.log_end_offset)
+    if answer.error_code == NO_ERROR:
+        data = whole_batches(answer.records)
+        partition.append_as_follower(data, answer.high_watermark, answer.log_start_offset)
+        return AnswerOutcome(Outcome.APPENDED, before, log.log_end_offset, len(data))
+    if answer.error_code == OffsetOutOfRange.code:
+        action = out_of_range_action(before, answer.log_start_offset, answer.high_watermark)
+        if action.restart:
+            partition.restart_at(action.offset)
+            return AnswerOutcome(Outcome.RESTARTED, before, log.log_end_offset)
+        partition.truncate_to(action.offset)
+        return AnswerOutcome(Outcome.TRUNCATED, before, log.log_end_offset)
+    return AnswerOutcome(Outcome.REST, before, before)
+
+
+def whole_batches(records: memoryview) -> memoryview:
+    """``records`` without a trailing partial batch (a leader may cut one at its limit)."""
+    position, size = 0, len(records)
+    while position + LOG_OVERHEAD <= size:
+        _, length = _BATCH_LENGTH.unpack_from(records, position)
+        end = position + LOG_OVERHEAD + length
+        if length < 0 or end > size:
+            break
+        position = end
+    return records[:position]
 
 
 def truncation_offset(
