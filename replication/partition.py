@@ -454,9 +454,20 @@ class Partition:
             for listener in self.on_append:
                 listener(self.key, exposed)
         waiting = self._waiting
-        while waiting and waiting[0][0] <= hw:
-            waiting.popleft()[1](None)
+        if waiting and waiting[0][0] <= hw:
+            # Kafka's rule: committed, but by an ISR below the minimum is still an error.
+            error = self._isr_too_small(len(followers.maximal_isr))
+            while waiting and waiting[0][0] <= hw:
+                waiting.popleft()[1](error)
         return True
+
+    def _isr_too_small(self, isr_size: int) -> NotEnoughReplicasAfterAppend | None:
+        if isr_size >= self.min_insync_replicas:
+            return None
+        return NotEnoughReplicasAfterAppend(
+            f"the ISR has {isr_size} replicas, below min.insync.replicas "
+            f"{self.min_insync_replicas}, since the append"
+        )
 
     def _fail_waiting(self, error: ReplicationError) -> None:
         waiting, self._waiting = self._waiting, deque()
@@ -567,13 +578,9 @@ class Partition:
         if self.role is not Role.LEADER:
             return
         self._maybe_advance_high_watermark()
-        if self._waiting and len(self.isr) < self.min_insync_replicas:
-            self._fail_waiting(
-                NotEnoughReplicasAfterAppend(
-                    f"the ISR shrank to {len(self.isr)} replicas, below min.insync.replicas "
-                    f"{self.min_insync_replicas}, before the append was committed"
-                )
-            )
+        error = self._isr_too_small(len(self.isr))
+        if self._waiting and error is not None:
+            self._fail_waiting(error)
 
     # -- the follower's side -------------------------------------------------------------------
     def fetch_position(self) -> tuple[int, int]:

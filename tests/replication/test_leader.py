@@ -1,0 +1,212 @@
+"""A leader partition with followers, on a real log: the high watermark moves with follower
+fetches, acks=-1 appends complete or fail with the right error, the ISR is proposed (never
+changed) by the leader, consumers and followers are told of new data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import FakeClock, make_batch
+
+from controller.image import PartitionState
+from replication import errors
+from replication.errors import ReplicationError
+from replication.partition import Partition
+from storage.config import LogConfig
+from storage.loader import load_log
+from storage.log import AppendInfo, Log
+
+ME = 1
+TOPIC_ID = bytes(range(16))
+LAG_MS = 1000
+
+
+def state(
+    isr: tuple[int, ...] = (ME, 2, 3),
+    leader: int = ME,
+    leader_epoch: int = 4,
+    partition_epoch: int = 10,
+) -> PartitionState:
+    return PartitionState(TOPIC_ID, 0, (ME, 2, 3), isr, leader, leader_epoch, partition_epoch)
+
+
+class Leader:
+    """A leader replica with recorded ISR proposals, commits and notifications."""
+
+    def __init__(self, log: Log, min_isr: int = 1, accept_proposals: bool = True) -> None:
+        self.partition = Partition(
+            "t",
+            TOPIC_ID,
+            0,
+            log,
+            local_broker_id=ME,
+            min_insync_replicas=min_isr,
+            replica_lag_time_max_ms=LAG_MS,
+        )
+        self.proposals: list[tuple[int, ...]] = []
+        self.accept = accept_proposals
+        self.exposed: list[int] = []
+        self.appended: list[int] = []
+        self.partition.propose_isr = self._propose
+        self.partition.on_append.append(lambda key, size: self.exposed.append(size))
+        self.partition.on_log_append.append(lambda key, size: self.appended.append(size))
+
+    def _propose(self, partition: Partition, isr: tuple[int, ...]) -> bool:
+        self.proposals.append(isr)
+        return self.accept
+
+    def append(self, *values: bytes, acks: int = -1) -> tuple[AppendInfo, list[object]]:
+        info = self.partition.append_as_leader(make_batch(list(values)), acks)
+        outcome: list[object] = []
+        self.partition.await_commit(info, outcome.append)
+        return info, outcome
+
+    def fetch(self, replica: int, offset: int, now_ms: int = 0, epoch: int = 4) -> None:
+        self.partition.read_for_follower(
+            replica,
+            offset,
+            1 << 20,
+            last_fetched_epoch=epoch,
+            current_leader_epoch=4,
+            now_ms=now_ms,
+        )
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> Iterator[Leader]:
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log)
+    made.partition.make_leader(state(), now_ms=0)
+    yield made
+    log.abandon()
+
+
+def test_acks_all_completes_once_every_isr_follower_has_the_batch(leader: Leader) -> None:
+    info, outcome = leader.append(b"a", b"b")
+    assert leader.appended and outcome == [] and leader.partition.high_watermark == 0
+    leader.fetch(2, 2)
+    assert outcome == [] and leader.partition.high_watermark == 0  # 3 has not fetched
+    leader.fetch(3, 1)
+    assert outcome == [] and leader.partition.high_watermark == 1
+    assert leader.exposed == []  # the batch is not wholly below the HW yet
+    leader.fetch(3, 2)
+    assert outcome == [None] and leader.partition.high_watermark == 2
+    assert leader.exposed == [info.size_bytes]
+
+
+def test_a_committed_append_completes_at_once_and_acks_one_does_not_wait(leader: Leader) -> None:
+    leader.append(b"a", acks=1)
+    leader.fetch(2, 1)
+    leader.fetch(3, 1)
+    info = leader.partition.append_as_leader(make_batch([b"b"]), 1)
+    assert leader.partition.high_watermark == 1  # acks=1 returned without the followers
+    done: list[object] = []
+    leader.partition.await_commit(AppendInfo(0, 0, -1, -1, 1, 10), done.append)
+    assert done == [None]
+    assert info.first_offset == 1
+
+
+def test_the_isr_shrinking_below_the_minimum_fails_waiting_appends(tmp_path: Path) -> None:
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log, min_isr=2)
+    made.partition.make_leader(state(), now_ms=0)
+    _, outcome = made.append(b"a")
+    made.fetch(2, 1)  # 2 has it; 3 is stuck
+    made.partition.make_leader(state(isr=(ME,), partition_epoch=11), now_ms=5)
+    (error,) = outcome  # committed by the ISR left, but that ISR is too small (Kafka's rule)
+    assert isinstance(error, errors.NotEnoughReplicasAfterAppend) and error.code == 20
+    log.abandon()
+
+
+def test_appends_waiting_on_a_replica_when_the_isr_is_too_small_fail(tmp_path: Path) -> None:
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log, min_isr=3)
+    made.partition.make_leader(state(), now_ms=0)
+    _, outcome = made.append(b"a")
+    made.partition.make_leader(state(isr=(ME, 3), partition_epoch=11), now_ms=5)
+    (error,) = outcome  # 3 has not fetched: not committed, and can no longer be enough
+    assert isinstance(error, errors.NotEnoughReplicasAfterAppend)
+    log.abandon()
+
+
+def test_a_shrink_that_keeps_the_minimum_commits_what_waited_for_the_removed_replica(
+    leader: Leader,
+) -> None:
+    _, outcome = leader.append(b"a")
+    leader.fetch(2, 1)
+    leader.partition.make_leader(state(isr=(ME, 2), partition_epoch=11), now_ms=5)
+    assert outcome == [None] and leader.partition.high_watermark == 1
+
+
+def test_losing_leadership_fails_waiting_appends(leader: Leader) -> None:
+    _, outcome = leader.append(b"a")
+    leader.partition.make_follower(state(leader=2, leader_epoch=5, partition_epoch=11))
+    (error,) = outcome
+    assert isinstance(error, errors.NotLeaderOrFollower)
+    late: list[object] = []
+    leader.partition.await_commit(AppendInfo(0, 0, -1, -1, 1, 10), late.append)
+    assert isinstance(late[0], ReplicationError)
+
+
+def test_a_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader: Leader) -> None:
+    p = leader.partition
+    leader.append(b"a")
+    leader.fetch(2, 1, now_ms=100)
+    leader.fetch(3, 0, now_ms=100)  # behind
+    assert p.maybe_shrink_isr(now_ms=LAG_MS) == ()  # within the lag time since becoming leader
+    leader.fetch(2, 1, now_ms=LAG_MS + 1)
+    assert p.maybe_shrink_isr(now_ms=LAG_MS + 1) == (3,)
+    assert leader.proposals == [(ME, 2)] and p.pending_isr == (ME, 2)
+    assert p.maybe_shrink_isr(now_ms=LAG_MS + 2) == ()  # one proposal in flight at a time
+    p.isr_change_committed(state(isr=(ME, 2), partition_epoch=11), now_ms=LAG_MS + 3)
+    assert p.isr == (ME, 2) and p.pending_isr is None and p.high_watermark == 1
+    leader.fetch(3, 1, now_ms=LAG_MS + 4)  # caught up to the HW and the epoch start
+    assert leader.proposals[-1] == (ME, 2, 3) and p.pending_isr == (ME, 2, 3)
+    p.isr_change_failed()  # refused: nothing changes, a later fetch may propose again
+    assert p.isr == (ME, 2) and p.pending_isr is None
+
+
+def test_a_refused_send_leaves_no_pending_change(tmp_path: Path) -> None:
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log, accept_proposals=False)
+    made.partition.make_leader(state(isr=(ME, 2)), now_ms=0)
+    made.fetch(3, 0)
+    assert made.proposals == [(ME, 2, 3)] and made.partition.pending_isr is None
+    log.abandon()
+
+
+def test_a_follower_whose_last_epoch_diverges_gets_the_epoch_end_and_no_records(
+    leader: Leader,
+) -> None:
+    leader.append(b"a", b"b")  # epoch 4 starts at 0 here
+    found = leader.partition.read_for_follower(
+        2, 5, 1 << 20, last_fetched_epoch=3, current_leader_epoch=4, now_ms=0
+    )
+    # Epoch 3 is older than any here: it "ends" where the first epoch here starts (Kafka's
+    # answer), below the fetch offset, so the follower must truncate to 0.
+    assert found.data is None and found.diverging == (3, 0)
+    found = leader.partition.read_for_follower(
+        2, 2, 1 << 20, last_fetched_epoch=4, current_leader_epoch=4, now_ms=0
+    )
+    assert found.diverging is None and found.data is not None
+
+
+def test_only_replicas_may_fetch_as_followers(leader: Leader) -> None:
+    with pytest.raises(errors.NotLeaderOrFollower):
+        leader.fetch(9, 0)
+
+
+def test_a_new_leader_epoch_forgets_the_followers_positions(leader: Leader) -> None:
+    leader.append(b"a")
+    leader.fetch(2, 1)
+    leader.fetch(3, 1)
+    assert leader.partition.high_watermark == 1
+    leader.append(b"b")
+    leader.partition.make_leader(state(leader_epoch=5, partition_epoch=11), now_ms=0)
+    assert leader.partition.high_watermark == 1  # never back, and no further without fetches
+    leader.partition.read_for_follower(
+        2, 2, 1 << 20, last_fetched_epoch=4, current_leader_epoch=5, now_ms=1
+    )
+    assert leader.partition.high_watermark == 1  # 3 has not fetched in epoch 5
