@@ -23,6 +23,7 @@ the periodic balancing the placement module asks for.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -32,6 +33,8 @@ from controller.outcome import DecisionError, Outcome
 from controller.placement import choose_leader, preferred_leader_moves
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as pb
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "ElectionResult",
@@ -330,6 +333,15 @@ def _elect(
     (outside the ISR) becomes the whole ISR."""
     leader = choose_leader(replicas, isr, alive, unclean)
     if leader != NO_LEADER and leader not in isr:
+        # Logged when decided (the change may still fail to commit): loud on purpose.
+        _log.error(
+            "UNCLEAN LEADER ELECTION: replica %d, outside the ISR %s, becomes leader "
+            "(replicas %s); records the ISR had and it lacks are lost, and the other "
+            "replicas will truncate to its log",
+            leader,
+            isr,
+            tuple(replicas),
+        )
         return leader, (leader,)
     return leader, isr
 

@@ -9,6 +9,7 @@ invariants that leadership must keep after each.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
@@ -155,12 +156,17 @@ def test_the_last_isr_member_stays_in_the_isr() -> None:
     assert (p.leader, p.isr, p.leader_epoch) == (NO_LEADER, (1,), 1)
 
 
-def test_unclean_election_only_when_enabled() -> None:
+def test_unclean_election_only_when_enabled_and_said_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     image = cluster(partitions={0: ([1, 2], [1], 1)})
     clean = part(replay(image, elections.fence_broker(image, 1, unclean=False)), 0)
     assert (clean.leader, clean.isr) == (NO_LEADER, (1,))
-    unclean = part(replay(image, elections.fence_broker(image, 1, unclean=True)), 0)
+    with caplog.at_level(logging.ERROR, logger="controller.elections"):
+        unclean = part(replay(image, elections.fence_broker(image, 1, unclean=True)), 0)
     assert (unclean.leader, unclean.isr, unclean.leader_epoch) == (2, (2,), 1)
+    (said,) = [r.getMessage() for r in caplog.records if "UNCLEAN" in r.getMessage()]
+    assert "replica 2, outside the ISR (1,)" in said and "lost" in said
 
 
 def test_unclean_election_is_not_used_while_an_isr_member_is_alive() -> None:
