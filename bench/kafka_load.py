@@ -5,10 +5,11 @@ How this works. Requests are framed with runnel's codec (``broker.protocol``); r
 are built once with ``storage.records.build_batch``. Each role connects, prints ``ready``,
 runs, and prints one JSON line with what it measured (and its own CPU seconds):
 
-  produce      one pre-built Produce v9 request (acks=1, one batch of 100-byte records per
-               partition) sent over and over with ``in_flight`` requests outstanding on one
-               connection (Kafka's max.in.flight.requests.per.connection is 5); only the
-               4-byte size, the correlation id and the response are touched per request.
+  produce      one pre-built Produce v9 request (``--acks``, default 1; one batch of 100-byte
+               records per partition) sent over and over with ``in_flight`` requests
+               outstanding on one connection (Kafka's max.in.flight.requests.per.connection
+               is 5); only the 4-byte size, the correlation id and the response are touched
+               per request.
                Stops after ``records`` are acknowledged or ``max_s`` passes.
   consume      Fetch v12 from offset 0, one request in flight (as a Kafka consumer keeps one
                per broker), records counted from the batch headers (record_count at byte 57,
@@ -214,19 +215,21 @@ class ProduceTemplate:
         return _HEAD.pack(size, ApiKey.PRODUCE, PRODUCE_VERSION, correlation_id)
 
 
-def produce_value(topic: str, partitions: int, batch: bytes) -> dict[str, Any]:
+def produce_value(topic: str, partitions: int, batch: bytes, acks: int = ACKS) -> dict[str, Any]:
     data = [{"index": p, "records": batch} for p in range(partitions)]
     return {
         "transactional_id": None,
-        "acks": ACKS,
+        "acks": acks,
         "timeout_ms": PRODUCE_TIMEOUT_MS,
         "topic_data": [{"name": topic, "partition_data": data}],
     }
 
 
-def produce_template(topic: str, partitions: int, batch_bytes: int) -> ProduceTemplate:
+def produce_template(
+    topic: str, partitions: int, batch_bytes: int, acks: int = ACKS
+) -> ProduceTemplate:
     batch, records = build_fill_batch(batch_bytes, int(time.time() * 1000))
-    value = produce_value(topic, partitions, batch)
+    value = produce_value(topic, partitions, batch, acks)
     parts = encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, 0, CLIENT_ID, value)
     frame = b"".join(byte_parts(parts))
     return ProduceTemplate(frame[_HEAD.size :], records * partitions, len(batch))
@@ -283,7 +286,7 @@ def cpu_s() -> float:
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
     conn = Connection.connect(args.bootstrap)
     partitions = len(partition_leaders(conn, args.topic))
-    template = produce_template(args.topic, partitions, args.batch_bytes)
+    template = produce_template(args.topic, partitions, args.batch_bytes, args.acks)
     body = memoryview(template.body)
     target = -(-args.records // template.records)  # requests
     print("ready", flush=True)
@@ -449,7 +452,9 @@ def run_e2e_produce(args: argparse.Namespace) -> dict[str, Any]:
             in_flight.append(
                 (
                     conn.send_request(
-                        ApiKey.PRODUCE, PRODUCE_VERSION, produce_value(args.topic, 1, batch)
+                        ApiKey.PRODUCE,
+                        PRODUCE_VERSION,
+                        produce_value(args.topic, 1, batch, args.acks),
                     ),
                     due - sent,
                 )
@@ -574,6 +579,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-s", type=float, default=60.0)
     parser.add_argument("--batch-bytes", type=int, default=16_384)
     parser.add_argument("--in-flight", type=int, default=5)
+    parser.add_argument("--acks", type=int, choices=(-1, 1), default=ACKS)
     parser.add_argument("--partition-max-bytes", type=int, default=1_048_576)
     parser.add_argument("--max-wait-ms", type=int, default=500)
     parser.add_argument("--rate", type=float, default=10_000.0)
