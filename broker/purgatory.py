@@ -11,8 +11,9 @@ re-reads and answers the new error at once), and when ``cancel_all`` shuts the b
 
 ``wait`` counts bytes appended *after* it was called: the caller reads first and asks for
 what is missing (``min_bytes - bytes already read``). Bytes are those that became readable
-by consumers (below the high watermark; in this issue the HW follows each append). Replica
-fetches, which read to the log end, come with replication.
+by consumers (below the high watermark) in the consumers' purgatory, and bytes appended to a
+leader's log in the followers' (the broker keeps one of each: follower fetches read to the
+log end, so they wake on appends, not on the high watermark).
 
 Limits: at most ``max_waiters`` parked fetches. One more is answered at once (as if it had
 timed out; the client simply fetches again), counted in ``overflows`` and logged, so a

@@ -487,7 +487,8 @@ class Partition:
         """A zero-copy slice of batches from ``fetch_offset``: up to the high watermark for
         a consumer (read_committed too: LSO = HW, no transactions), the log end for
         ``isolation="log_end"`` or a replica (``replica_id >= 0``). Served by the leader
-        only; follower fetch state (the follower's LEO, the ISR) comes with replication."""
+        only; a follower's fetch goes through ``read_for_follower``, which also records its
+        position."""
         self._require_leader(current_leader_epoch)
         bound = Isolation.LOG_END if replica_id >= 0 else Isolation(isolation)
         try:
