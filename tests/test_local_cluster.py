@@ -237,14 +237,15 @@ def _resume_starts_only_what_is_missing(cluster: Cluster, status: dict[str, Any]
 
 
 @pytest.mark.slow
-def test_a_killed_broker_is_fenced_loses_its_leaderships_and_is_restarted(
+def test_a_killed_broker_is_fenced_restarted_rejoins_the_isr_and_leads_again(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     with open(tmp_path / "up.out", "w") as out, open(tmp_path / "up.err", "w") as err:
         up = subprocess.Popen(
             [sys.executable, "-m", "runnel", "cluster", "up", *cluster.where,
              "--base-port", str(cluster.base_port)],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=err,
+            cwd=REPO, env={**os.environ, **FAST_REBALANCE, "PYTHONPATH": str(REPO)},
+            stdout=out, stderr=err,
         )  # fmt: skip
     try:
         _kill_and_watch(cluster, tmp_path)
@@ -256,6 +257,13 @@ def test_a_killed_broker_is_fenced_loses_its_leaderships_and_is_restarted(
         if up.poll() is None:
             up.kill()
             up.wait(timeout=10)
+
+
+# The periodic preferred-leader election every 2 s, for any imbalance (defaults: 300 s, 10 %).
+FAST_REBALANCE = {
+    "RUNNEL_CONTROLLER__LEADER_IMBALANCE_CHECK_INTERVAL_S": "2",
+    "RUNNEL_CONTROLLER__LEADER_IMBALANCE_PER_BROKER_PERCENTAGE": "0",
+}
 
 
 def _kill_and_watch(cluster: Cluster, tmp_path: Path) -> None:
@@ -288,3 +296,19 @@ def _kill_and_watch(cluster: Cluster, tmp_path: Path) -> None:
     restarted = wait_for("the supervisor to restart broker 101 and its unfencing", back, 40)
     assert restarted["broker_epoch"] > victim["broker_epoch"]
     assert "node 101 (pid" in (tmp_path / "up.err").read_text()
+
+    def preferred_again() -> list[dict[str, Any]] | None:
+        """101 has caught up (back in every ISR), and the periodic rebalance has given each
+        partition back to its preferred replica, the first one."""
+        partitions = cluster.describe("events")["partitions"]
+        ok = all(101 in p["isr"] and p["leader"] == p["replicas"][0] for p in partitions)
+        return partitions if ok else None
+
+    after = wait_for(
+        "101 to rejoin every ISR and lead its preferred partitions", preferred_again, 40
+    )
+    for p in after:
+        old = before[p["partition"]]
+        assert p["leader"] == old["leader"]
+        if old["leader"] == 101:  # away and back: two leader changes
+            assert p["leader_epoch"] == old["leader_epoch"] + 2
