@@ -146,6 +146,7 @@ class _Connection:
         self._out = ResponseQueue()
         self._in_flight = 0
         self._reading = self._writing = self._closed = False
+        self._pump_soon = False
         self._last_active = self._loop.time()
 
     def start(self) -> None:
@@ -262,7 +263,16 @@ class _Connection:
         except Exception as exc:
             self._fail(exc)
             return
-        self._pump()
+        # Once per loop turn, not per answer: acks=-1 produces that one follower fetch
+        # commits complete together, and leave in one sendmsg instead of one each.
+        if not self._pump_soon:
+            self._pump_soon = True
+            self._loop.call_soon(self._pump_later)
+
+    def _pump_later(self) -> None:
+        self._pump_soon = False
+        if not self._closed:
+            self._pump()
 
     def _flush(self) -> None:
         try:
