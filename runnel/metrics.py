@@ -19,6 +19,8 @@ from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from broker.runtime import KafkaBroker
+    from replication.partition import Partition
     from runnel.node import RunnelNode
 
 __all__ = ["serve_metrics"]
@@ -129,8 +131,35 @@ def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily
     yield _gauge(
         "runnel_kafka_partitions", "Partition replicas held here", labels, node_id, len(partitions)
     )
-    leaders = sum(1 for p in partitions if p.is_leader)
-    yield _gauge("runnel_kafka_leaders", "Partitions led here", labels, node_id, leaders)
+    leaders = [p for p in partitions if p.is_leader]
+    yield _gauge("runnel_kafka_leaders", "Partitions led here", labels, node_id, len(leaders))
+    yield from _replication_metrics(kafka, leaders, labels, node_id)
+
+
+def _replication_metrics(
+    kafka: KafkaBroker, leaders: list[Partition], labels: list[str], node_id: str
+) -> Iterator[GaugeMetricFamily]:
+    """Kafka's UnderReplicatedPartitions and UnderMinIsrPartitions (of the partitions led
+    here), the followers' fetchers, and the leaders' ISR proposals."""
+    under = sum(1 for p in leaders if len(p.isr) < len(p.replicas))
+    under_min = sum(1 for p in leaders if len(p.isr) < p.min_insync_replicas)
+    fetchers = list(kafka.fetchers.fetchers.values())
+    for name, doc, value in (
+        ("under_replicated_partitions", "Partitions led here whose ISR lacks a replica", under),
+        ("under_min_isr_partitions", "Partitions led here below min.insync.replicas", under_min),
+        ("partitions_following", "Partitions this broker fetches as a follower",
+         kafka.fetchers.following()),
+        ("replica_fetches", "Follower fetches answered so far", sum(f.fetches for f in fetchers)),
+        ("replica_bytes_appended", "Bytes appended as a follower so far",
+         sum(f.bytes_appended for f in fetchers)),
+        ("replica_truncations", "Follower truncations (diverging epochs, out of range) so far",
+         sum(f.truncations for f in fetchers)),
+        ("isr_changes_proposed", "ISR changes sent to the controller so far",
+         kafka.alter_partition.sent),
+        ("isr_changes_refused", "ISR changes the controller refused so far",
+         kafka.alter_partition.refused),
+    ):  # fmt: skip
+        yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
 
 
 def _gauge(name: str, doc: str, labels: list[str], node_id: str, value: float) -> GaugeMetricFamily:
