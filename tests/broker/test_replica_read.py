@@ -1,10 +1,12 @@
-"""``ReplicaReadService`` in-process, over real gRPC, on real logs in ``tmp_path``; and the
-service on a combined controller + broker ``RunnelNode``, where it shares the controller
-listener.
+"""``ReplicaReadService`` in-process, over real gRPC, on real logs in ``tmp_path``;
+``runnel replicas verify``'s reading and comparing (``runnel/replicas_verify.py``) against
+several such services at once, one per replica, and the command's output; and the service
+on a combined controller + broker ``RunnelNode``, where it shares the controller listener.
 
 Each log is filled with batches built here and appended as a follower would (offsets and
 epochs verbatim), so two logs given the same batches hold the same bytes. What the service
 streams is checked against ``Log.batches``, which reads the segments by another path.
+(Real broker processes: test_replica_read_cluster.py.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import pytest
 from support import FakeClock, make_batch
 from test_node import write_config
 
+import runnel.replicas_command as replicas_command
+import runnel.replicas_verify as replicas_verify
 from broker.replica_manager import ReplicaManager
 from broker.replica_read import (
     BATCHES_PER_CHUNK,
@@ -34,11 +38,15 @@ from broker.replica_read import (
 )
 from controller.client import ControllerClient
 from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as mpb
 from proto import replica_pb2 as rpb
 from proto import replica_pb2_grpc
+from raft.testing.processes import free_ports
+from runnel import cli
 from runnel.config import load_config
 from runnel.node import RunnelNode
 from runnel.replica_compare import BatchMeta
+from runnel.replicas_verify import PartitionTarget, replica_read_addresses, verify_partitions
 from storage.batch import HEADER_SIZE
 from storage.config import LogConfig
 from storage.loader import load_log
@@ -297,6 +305,190 @@ def test_a_header_that_is_not_one_is_unreadable(new_log: Any) -> None:
     assert [h.base_offset for h in cursor.read(2)] == [0, 1]
     with pytest.raises(UnreadableBatch, match=r"byte \d+: not a batch header \(magic 7"):
         cursor.read(10)
+
+
+# -- runnel replicas verify: reading and comparing several replicas ----------------------------
+
+
+def target(replicas: tuple[int, ...], leader: int = 1) -> PartitionTarget:
+    return PartitionTarget("t", b"", 0, replicas, leader)
+
+
+def verify(
+    sources: list[Logs], extra: dict[int, str] | None = None, leader: int = 1
+) -> replicas_verify.PartitionReport:
+    async def main() -> replicas_verify.PartitionReport:
+        async with serving(*sources) as addresses:
+            by_id = {s.broker_id: a for s, a in zip(sources, addresses, strict=True)}
+            by_id.update(extra or {})
+            (report,) = await verify_partitions([target(tuple(by_id), leader)], by_id)
+            return report
+
+    return run(main)
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three batches per ReadBatches call, so comparison goes through many windows."""
+    monkeypatch.setattr(replicas_verify, "PAGE_BATCHES", 3)
+
+
+def test_equal_replicas_agree_below_the_smallest_high_watermark(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two, three = new_log("a/t-0"), new_log("b/t-0"), new_log("c/t-0")
+    fill(one, 10, records=2)
+    fill(two, 10, records=2)
+    fill(three, 10, records=2)
+    two.update_high_watermark(13)  # inside batch 12-13: only batches up to 10-11 count
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {"t-0": three})])
+    assert report.ok and report.reference == 1
+    assert (report.start_offset, report.end_offset, report.batches_compared) == (0, 13, 6)
+
+
+def test_a_different_crc_is_the_first_divergence_and_is_named(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 10)
+    fill(two, 6)
+    fill(two, 4, start=6, tag="w")  # same sizes, other bytes from offset 6
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two})])
+    (divergence,) = report.divergences
+    assert (divergence.reference, divergence.replica, divergence.offset) == (1, 2, 6)
+    assert divergence.fields == ("crc",) and not report.ok
+
+
+def test_other_batch_boundaries_diverge_and_other_epochs_too(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two, three = new_log("a/t-0"), new_log("b/t-0"), new_log("c/t-0")
+    fill(one, 8, records=2)
+    fill(two, 4, records=2)
+    fill(two, 8, start=8)  # batches of one record from offset 8
+    fill(three, 3, records=2)
+    fill(three, 5, start=6, records=2, epoch=2)
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {"t-0": three})])
+    by_replica = {d.replica: d for d in report.divergences}
+    assert by_replica[2].offset == 8
+    assert by_replica[2].fields == ("last_offset", "crc", "size_bytes")
+    assert by_replica[3].offset == 6
+    assert by_replica[3].fields == ("leader_epoch",)  # not covered by the CRC
+
+
+def test_history_below_another_replicas_log_start_is_not_compared(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 10)
+    two.truncate_fully_and_start_at(4)
+    fill(two, 6, start=4)
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two})])
+    assert report.ok and (report.start_offset, report.end_offset) == (4, 10)
+    assert report.batches_compared == 6
+
+
+def test_a_replica_that_cannot_be_read_is_reported_and_the_rest_compared(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 5)
+    fill(two, 5)
+    (nobody,) = free_ports(1)
+    report = verify(
+        [Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {})],
+        extra={4: f"127.0.0.1:{nobody}"},
+    )
+    assert not report.ok and report.batches_compared == 5 and not report.divergences
+    assert report.not_checked[3].startswith("NOT_FOUND: broker 3 holds no replica")
+    assert report.not_checked[4].startswith("UNAVAILABLE")
+
+
+def test_a_broker_that_does_not_answer_is_not_asked_again(new_log: Any) -> None:
+    log = new_log("a/t-0")
+    fill(log, 2)
+    (nobody,) = free_ports(1)
+
+    async def main() -> list[replicas_verify.PartitionReport]:
+        async with serving(Logs(1, {"t-0": log, "t-1": log})) as (address,):
+            targets = [PartitionTarget("t", b"", p, (1, 2), 1) for p in (0, 1)]
+            return await verify_partitions(targets, {1: address, 2: f"127.0.0.1:{nobody}"})
+
+    first, second = run(main)
+    assert first.not_checked[2].startswith("UNAVAILABLE: ")
+    earlier = f"not asked: it failed for an earlier partition: {first.not_checked[2]}"
+    assert second.not_checked == {2: earlier} and second.batches_compared == 2
+
+
+def test_without_the_leader_the_lowest_replica_that_answers_is_the_reference(
+    new_log: Any, small_pages: None
+) -> None:
+    two, three = new_log("b/t-0"), new_log("c/t-0")
+    fill(two, 4)
+    fill(three, 4)
+    (nobody,) = free_ports(1)
+    report = verify(
+        [Logs(2, {"t-0": two}), Logs(3, {"t-0": three})],
+        extra={1: f"127.0.0.1:{nobody}"},
+    )
+    assert report.reference == 2 and report.batches_compared == 4 and 1 in report.not_checked
+
+
+# -- the command's output and exit code; where brokers are read --------------------------------
+
+
+def broker(broker_id: int, *listeners: tuple[str, str]) -> cpb.BrokerDescription:
+    """A DescribeCluster broker with listeners given as (name, host:port)."""
+    described = []
+    for name, address in listeners:
+        host, _, port = address.rpartition(":")
+        described.append(mpb.Listener(name=name, host=host.strip("[]"), port=int(port)))
+    return cpb.BrokerDescription(broker_id=broker_id, listeners=described)
+
+
+def test_a_combined_node_is_read_on_its_controller_listener() -> None:
+    brokers = [
+        broker(101, ("CLIENT", "h:1"), ("REPLICATION", "h:2")),
+        broker(1, ("CLIENT", "c:1"), ("CONTROLLER", "c:2"), ("REPLICATION", "c:3")),
+        broker(102, ("CLIENT", "h:5")),
+        broker(103, ("REPLICATION", "[::1]:6")),
+    ]
+    assert replica_read_addresses(brokers) == {101: "h:2", 1: "c:2", 103: "[::1]:6"}
+
+
+def test_the_command_prints_every_problem_and_exits_1(
+    new_log: Any, small_pages: None, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    one, two, alone = new_log("a/t-0"), new_log("b/t-0"), new_log("a/t-1")
+    fill(one, 5)
+    fill(two, 3)
+    fill(two, 2, start=3, tag="w")
+    fill(alone, 2)
+    (nobody,) = free_ports(1)
+    sources = [Logs(1, {"t-0": one, "t-1": alone}), Logs(2, {"t-0": two})]
+    targets = [PartitionTarget("t", b"", 0, (1, 2), 1), PartitionTarget("t", b"", 1, (1, 3), 1)]
+
+    async def main() -> int:
+        async with serving(*sources) as (first, second):
+            brokers = [
+                broker(1, ("REPLICATION", first)),
+                broker(2, ("REPLICATION", second)),
+                broker(3, ("REPLICATION", f"127.0.0.1:{nobody}")),
+            ]
+            monkeypatch.setattr(replicas_command, "_describe", lambda _: (targets, brokers))
+            return await asyncio.to_thread(cli.main, ["replicas", "verify"])
+
+    assert run(main) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "t-0: DIVERGED: replicas 1 (leader), 2; offsets [0, 5), 5 batches compared"
+    assert lines[1].startswith("  replica 2 differs from 1 at offset 3: batch at 3: crc 0x")
+    assert (
+        lines[2] == "t-1: NOT CHECKED: replicas 1 (leader), 3; offsets [0, 2), 2 batches compared"
+    )
+    assert lines[3].startswith("  replica 3 not checked: UNAVAILABLE: ")
+    assert lines[4:] == [
+        "2 partitions checked, 7 batches compared: 1 diverged, 1 with replicas not checked"
+    ]
 
 
 # -- on a node ---------------------------------------------------------------------------------
