@@ -26,7 +26,7 @@ from pathlib import Path
 GRPC_TOOLS_VERSION = "1.85.1"
 PROTO_DIR = Path(__file__).resolve().parent
 REPO = PROTO_DIR.parent
-SOURCES = ("raft.proto", "metadata.proto", "controller.proto")
+SOURCES = ("raft.proto", "metadata.proto", "controller.proto", "replica.proto")
 MAX_DIFF_LINES = 40
 
 

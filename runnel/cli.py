@@ -9,6 +9,7 @@ runs the chosen handler and turns the outcome into an exit code. Groups so far:
     runnel cluster up|down|status    a local cluster of node processes (cluster_command.py)
     runnel topics create|list|describe|delete   topics, via the controller (topics_command.py)
     runnel produce TOPIC / runnel consume TOPIC  records, with confluent-kafka (*_command.py)
+    runnel replicas verify           compare partitions' replicas (replicas_command.py)
 
 A later group adds one ``register`` call.
 """
@@ -26,6 +27,7 @@ from runnel import (
     log_tools,
     node,
     produce_command,
+    replicas_command,
     topics_command,
 )
 from runnel.commands import (
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics_command.register(groups)
     produce_command.register(groups)
     consume_command.register(groups)
+    replicas_command.register(groups)
     return parser
 
 

@@ -9,7 +9,9 @@ metadata log through one ``RaftNode`` with a ``MetadataStateMachine``:
 - a **broker** is a Raft observer (unless it is also a controller) whose transport listens
   on its REPLICATION listener; it registers with the active controller and heartbeats
   (``BrokerLifecycle``), starting fenced until it has caught up. Once unfenced it opens its
-  partition logs and serves Kafka clients on its client listener (``broker.runtime``).
+  partition logs and serves Kafka clients on its client listener (``broker.runtime``). Its
+  Raft transport's listener also serves the batch metadata of its replicas
+  (``broker.replica_read``; "not serving yet" until the logs are open).
 
 SIGTERM (or SIGINT) is a controlled shutdown: a broker asks the controller to move its
 leaderships away first; a controller that leads resigns so the others elect at once.
@@ -30,6 +32,7 @@ import uvloop
 
 from broker.context import BrokerSettings, ReplicationSettings
 from broker.lifecycle import BrokerLifecycle, BrokerState
+from broker.replica_read import ReplicaManagerSource, ReplicaReadService
 from broker.runtime import KafkaBroker
 from controller.client import ControllerClient
 from controller.quorum import QuorumController
@@ -93,6 +96,8 @@ class RunnelNode:
                 config.broker.heartbeat_interval_ms,
             )
             self.kafka = self._kafka_broker(self.client, self.lifecycle)
+            replica_read = ReplicaReadService(ReplicaManagerSource(self.kafka.replicas))
+            self.transport.add_service(replica_read.register)
 
     def _transport(self) -> GrpcTransport:
         config = self.config

@@ -19,3 +19,9 @@ def test_generated_code_matches_its_proto_sources() -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_every_proto_file_is_generated_and_checked() -> None:
+    from proto.generate import PROTO_DIR, SOURCES
+
+    assert sorted(SOURCES) == sorted(p.name for p in PROTO_DIR.glob("*.proto"))

@@ -1,0 +1,543 @@
+"""``ReplicaReadService`` in-process, over real gRPC, on real logs in ``tmp_path``;
+``runnel replicas verify``'s reading and comparing (``runnel/replicas_verify.py``) against
+several such services at once, one per replica, and the command's output; and the service
+on a combined controller + broker ``RunnelNode``, where it shares the controller listener.
+
+Each log is filled with batches built here and appended as a follower would (offsets and
+epochs verbatim), so two logs given the same batches hold the same bytes. What the service
+streams is checked against ``Log.batches``, which reads the segments by another path.
+(Real broker processes: test_replica_read_cluster.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import pytest
+from support import FakeClock, make_batch
+from test_node import write_config
+
+import runnel.replicas_command as replicas_command
+import runnel.replicas_verify as replicas_verify
+from broker.replica_manager import ReplicaManager
+from broker.replica_read import (
+    BATCHES_PER_CHUNK,
+    MAX_BATCHES,
+    HeaderCursor,
+    ReplicaManagerSource,
+    ReplicaReadService,
+    UnknownPartition,
+    UnreadableBatch,
+)
+from controller.client import ControllerClient
+from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as mpb
+from proto import replica_pb2 as rpb
+from proto import replica_pb2_grpc
+from raft.testing.processes import free_ports
+from runnel import cli
+from runnel.config import load_config
+from runnel.node import RunnelNode
+from runnel.replica_compare import BatchMeta
+from runnel.replicas_verify import PartitionTarget, replica_read_addresses, verify_partitions
+from storage.batch import HEADER_SIZE
+from storage.config import LogConfig
+from storage.loader import load_log
+from storage.log import Log
+from storage.log_manager import LogManager
+
+T = TypeVar("T")
+WAIT_S = 30.0  # any one test's asyncio part
+CONFIG = LogConfig(segment_bytes=4096)  # a few dozen small batches per segment
+
+
+# -- logs and servers --------------------------------------------------------------------------
+
+
+def batch(offset: int, *, records: int = 1, epoch: int = 1, tag: str = "v") -> bytes:
+    values = [f"{tag}-{offset + i:06d}".encode() for i in range(records)]
+    return make_batch(values, base_offset=offset, partition_leader_epoch=epoch)
+
+
+def fill(log: Log, count: int, *, start: int = 0, records: int = 1, **kwargs: Any) -> None:
+    """Append ``count`` batches from offset ``start`` and commit them all (HW = LEO)."""
+    for i in range(count):
+        log.append_as_follower(batch(start + i * records, records=records, **kwargs))
+    log.update_high_watermark(log.log_end_offset)
+
+
+def stored(log: Log, start: int = 0) -> list[BatchMeta]:
+    return [
+        BatchMeta(h.base_offset, h.last_offset, h.partition_leader_epoch, h.crc, h.size_bytes)
+        for _, _, h in log.batches(start)
+    ]
+
+
+def metas(chunks: list[rpb.ReadBatchesChunk]) -> list[BatchMeta]:
+    return [
+        BatchMeta(b.base_offset, b.last_offset, b.leader_epoch, b.crc, b.size_bytes)
+        for c in chunks
+        for b in c.batches
+    ]
+
+
+@pytest.fixture
+def new_log(tmp_path: Path) -> Iterator[Callable[[str], Log]]:
+    """Open a log named ``name`` (as ``topic-partition``) in tmp_path; closed after."""
+    opened: list[Log] = []
+
+    def open_log(name: str) -> Log:
+        log = load_log(tmp_path / name, CONFIG, clock=FakeClock())
+        opened.append(log)
+        return log
+
+    yield open_log
+    for log in opened:
+        if not log.closed:
+            log.close()
+
+
+class Logs:
+    """A ``LogSource`` over logs by ``topic-partition`` name."""
+
+    def __init__(self, broker_id: int, logs: dict[str, Log]) -> None:
+        self.broker_id = broker_id
+        self.logs = logs
+
+    def find(self, topic: str, partition: int, topic_id: bytes) -> Log:
+        found = self.logs.get(f"{topic}-{partition}")
+        if found is None:
+            raise UnknownPartition(f"broker {self.broker_id} holds no replica of {topic}")
+        return found
+
+
+@contextlib.asynccontextmanager
+async def serving(*sources: Any) -> AsyncIterator[list[str]]:
+    """One gRPC server per source on 127.0.0.1; yields their addresses."""
+    servers, addresses = [], []
+    try:
+        for source in sources:
+            server = grpc.aio.server()
+            ReplicaReadService(source).register(server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            servers.append(server)
+            addresses.append(f"127.0.0.1:{port}")
+        yield addresses
+    finally:
+        for server in servers:
+            await server.stop(None)
+
+
+async def read(address: str, request: rpb.ReadBatchesRequest) -> list[rpb.ReadBatchesChunk]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = replica_pb2_grpc.ReplicaReadServiceStub(channel)
+        return [chunk async for chunk in stub.ReadBatches(request, timeout=10)]
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(make(), WAIT_S)
+
+    return asyncio.run(bounded())
+
+
+def call_once(source: Any, request: rpb.ReadBatchesRequest) -> list[rpb.ReadBatchesChunk]:
+    async def main() -> list[rpb.ReadBatchesChunk]:
+        async with serving(source) as (address,):
+            return await read(address, request)
+
+    return run(main)
+
+
+def refused(source: Any, request: rpb.ReadBatchesRequest) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        call_once(source, request)
+    return caught.value
+
+
+def request(**fields: Any) -> rpb.ReadBatchesRequest:
+    return rpb.ReadBatchesRequest(**{"topic": "t", "partition": 0, **fields})
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+def test_every_batch_streams_in_chunks_of_a_thousand_with_the_offsets(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 2_500, epoch=3)
+    assert len(log.segments) > 10
+    chunks = call_once(Logs(7, {"t-0": log}), request())
+    assert [len(c.batches) for c in chunks] == [BATCHES_PER_CHUNK, BATCHES_PER_CHUNK, 500]
+    assert metas(chunks) == stored(log)
+    for c in chunks:
+        assert (c.broker_id, c.log_start_offset, c.high_watermark, c.log_end_offset) == (
+            7, 0, 2_500, 2_500,
+        )  # fmt: skip
+    assert [c.end_reached for c in chunks] == [False, False, True]
+    assert chunks[-1].next_offset == 2_500
+
+
+def test_max_batches_ends_a_call_and_next_offset_continues_it(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 30, records=3)
+    source = Logs(1, {"t-0": log})
+    first = call_once(source, request(max_batches=7))
+    assert len(metas(first)) == 7 and not first[-1].end_reached
+    assert first[-1].next_offset == 21
+    rest = call_once(source, request(start_offset=first[-1].next_offset))
+    assert metas(first) + metas(rest) == stored(log) and rest[-1].end_reached
+
+
+def test_a_start_inside_a_batch_sends_it_whole_and_the_bounds_hold(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 10, records=4)  # batches 0-3, 4-7, ..., 36-39
+    log.update_high_watermark(24)
+    source = Logs(1, {"t-0": log})
+    up_to_hw = call_once(source, request(start_offset=9, upper_bound=rpb.HIGH_WATERMARK))
+    assert [b.base_offset for b in metas(up_to_hw)] == [8, 12, 16, 20]
+    up_to_leo = call_once(source, request(start_offset=9))
+    assert [b.base_offset for b in metas(up_to_leo)] == [8, 12, 16, 20, 24, 28, 32, 36]
+    both = call_once(source, request(start_offset=9, end_offset=17))
+    assert [b.base_offset for b in metas(both)] == [8, 12, 16]
+    assert (both[-1].high_watermark, both[-1].log_end_offset, both[-1].end_reached) == (
+        24, 40, True,
+    )  # fmt: skip
+    at_the_end = call_once(source, request(start_offset=40))
+    assert len(at_the_end) == 1 and not at_the_end[0].batches and at_the_end[0].end_reached
+
+
+def test_an_empty_log_answers_one_chunk_with_its_offsets(new_log: Any) -> None:
+    (chunk,) = call_once(Logs(1, {"t-0": new_log("t-0")}), request())
+    assert not chunk.batches and chunk.end_reached
+    assert (chunk.log_start_offset, chunk.high_watermark, chunk.log_end_offset) == (0, 0, 0)
+
+
+def test_the_start_defaults_to_the_log_start_and_below_it_is_out_of_range(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 10, records=2)
+    log.maybe_increment_log_start_offset(7)  # inside batch 6-7
+    source = Logs(1, {"t-0": log})
+    chunks = call_once(source, request())
+    assert chunks[0].log_start_offset == 7
+    assert [b.base_offset for b in metas(chunks)] == [6, 8, 10, 12, 14, 16, 18]
+    error = refused(source, request(start_offset=6))
+    assert error.code() is grpc.StatusCode.OUT_OF_RANGE
+    assert "start_offset 6 is outside [7, 20]" in str(error.details())
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "message"),
+    [
+        ({"start_offset": 21}, grpc.StatusCode.OUT_OF_RANGE, "outside [0, 20]"),
+        ({"start_offset": -1}, grpc.StatusCode.INVALID_ARGUMENT, "start_offset -1 is negative"),
+        ({"start_offset": 5, "end_offset": 4}, grpc.StatusCode.INVALID_ARGUMENT, "below the"),
+        ({"max_batches": MAX_BATCHES + 1}, grpc.StatusCode.INVALID_ARGUMENT, "max_batches"),
+        ({"max_batches": -1}, grpc.StatusCode.INVALID_ARGUMENT, "max_batches"),
+        ({"upper_bound": 7}, grpc.StatusCode.INVALID_ARGUMENT, "upper_bound 7"),
+        ({"partition": -1}, grpc.StatusCode.INVALID_ARGUMENT, "partition -1 is negative"),
+        ({"topic": ""}, grpc.StatusCode.INVALID_ARGUMENT, "name the partition"),
+        ({"topic_id": b"short"}, grpc.StatusCode.INVALID_ARGUMENT, "has 5 bytes"),
+        ({"partition": 1}, grpc.StatusCode.NOT_FOUND, "holds no replica of t"),
+    ],
+)
+def test_bad_requests_get_a_status_and_a_message(
+    new_log: Any, fields: dict[str, Any], code: grpc.StatusCode, message: str
+) -> None:
+    log = new_log("t-0")
+    fill(log, 20)
+    error = refused(Logs(1, {"t-0": log}), request(**fields))
+    assert error.code() is code and message in str(error.details()), error
+
+
+def test_a_broker_that_has_not_applied_an_image_is_not_serving_yet(tmp_path: Path) -> None:
+    manager = ReplicaManager(7, LogManager([tmp_path / "data"], CONFIG))
+    error = refused(ReplicaManagerSource(manager), request())
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.details() == "broker 7 is not serving partitions yet"
+
+
+def test_a_closed_log_is_unavailable(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 3)
+    log.close()
+    error = refused(Logs(1, {"t-0": log}), request())
+    assert error.code() is grpc.StatusCode.UNAVAILABLE and "was closed" in str(error.details())
+
+
+# -- the header walk ---------------------------------------------------------------------------
+
+
+def test_the_walk_reads_batch_headers_only(new_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = new_log("t-0")
+    for offset in range(20):
+        log.append_as_follower(make_batch([b"x" * 1_000] * 2, base_offset=2 * offset))
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    cursor = HeaderCursor(log.segments, 0, log.log_end_offset)
+    headers = cursor.read(100)
+    assert len(headers) == 20 and cursor.done and cursor.next_offset == 40
+    assert max(reads) <= HEADER_SIZE and sum(reads) < log.size_bytes / 10, reads
+
+
+def test_a_header_that_is_not_one_is_unreadable(new_log: Any) -> None:
+    log = new_log("t-0")
+    fill(log, 5)
+    segment = log.segments[0]
+    position = log.batches(2).__next__()[1]
+    with open(segment.log_path, "r+b") as f:  # the magic byte of the batch at offset 2
+        f.seek(position + 16)
+        f.write(b"\x07")
+    cursor = HeaderCursor(log.segments, 0, log.log_end_offset)
+    assert [h.base_offset for h in cursor.read(2)] == [0, 1]
+    with pytest.raises(UnreadableBatch, match=r"byte \d+: not a batch header \(magic 7"):
+        cursor.read(10)
+
+
+# -- runnel replicas verify: reading and comparing several replicas ----------------------------
+
+
+def target(replicas: tuple[int, ...], leader: int = 1) -> PartitionTarget:
+    return PartitionTarget("t", b"", 0, replicas, leader)
+
+
+def verify(
+    sources: list[Logs], extra: dict[int, str] | None = None, leader: int = 1
+) -> replicas_verify.PartitionReport:
+    async def main() -> replicas_verify.PartitionReport:
+        async with serving(*sources) as addresses:
+            by_id = {s.broker_id: a for s, a in zip(sources, addresses, strict=True)}
+            by_id.update(extra or {})
+            (report,) = await verify_partitions([target(tuple(by_id), leader)], by_id)
+            return report
+
+    return run(main)
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three batches per ReadBatches call, so comparison goes through many windows."""
+    monkeypatch.setattr(replicas_verify, "PAGE_BATCHES", 3)
+
+
+def test_equal_replicas_agree_below_the_smallest_high_watermark(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two, three = new_log("a/t-0"), new_log("b/t-0"), new_log("c/t-0")
+    fill(one, 10, records=2)
+    fill(two, 10, records=2)
+    fill(three, 10, records=2)
+    two.update_high_watermark(13)  # inside batch 12-13: only batches up to 10-11 count
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {"t-0": three})])
+    assert report.ok and report.reference == 1
+    assert (report.start_offset, report.end_offset, report.batches_compared) == (0, 13, 6)
+
+
+def test_a_different_crc_is_the_first_divergence_and_is_named(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 10)
+    fill(two, 6)
+    fill(two, 4, start=6, tag="w")  # same sizes, other bytes from offset 6
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two})])
+    (divergence,) = report.divergences
+    assert (divergence.reference, divergence.replica, divergence.offset) == (1, 2, 6)
+    assert divergence.fields == ("crc",) and not report.ok
+
+
+def test_other_batch_boundaries_diverge_and_other_epochs_too(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two, three = new_log("a/t-0"), new_log("b/t-0"), new_log("c/t-0")
+    fill(one, 8, records=2)
+    fill(two, 4, records=2)
+    fill(two, 8, start=8)  # batches of one record from offset 8
+    fill(three, 3, records=2)
+    fill(three, 5, start=6, records=2, epoch=2)
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {"t-0": three})])
+    by_replica = {d.replica: d for d in report.divergences}
+    assert by_replica[2].offset == 8
+    assert by_replica[2].fields == ("last_offset", "crc", "size_bytes")
+    assert by_replica[3].offset == 6
+    assert by_replica[3].fields == ("leader_epoch",)  # not covered by the CRC
+
+
+def test_history_below_another_replicas_log_start_is_not_compared(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 10)
+    two.truncate_fully_and_start_at(4)
+    fill(two, 6, start=4)
+    report = verify([Logs(1, {"t-0": one}), Logs(2, {"t-0": two})])
+    assert report.ok and (report.start_offset, report.end_offset) == (4, 10)
+    assert report.batches_compared == 6
+
+
+def test_a_replica_that_cannot_be_read_is_reported_and_the_rest_compared(
+    new_log: Any, small_pages: None
+) -> None:
+    one, two = new_log("a/t-0"), new_log("b/t-0")
+    fill(one, 5)
+    fill(two, 5)
+    (nobody,) = free_ports(1)
+    report = verify(
+        [Logs(1, {"t-0": one}), Logs(2, {"t-0": two}), Logs(3, {})],
+        extra={4: f"127.0.0.1:{nobody}"},
+    )
+    assert not report.ok and report.batches_compared == 5 and not report.divergences
+    assert report.not_checked[3].startswith("NOT_FOUND: broker 3 holds no replica")
+    assert report.not_checked[4].startswith("UNAVAILABLE")
+
+
+def test_a_broker_that_does_not_answer_is_not_asked_again(new_log: Any) -> None:
+    log = new_log("a/t-0")
+    fill(log, 2)
+    (nobody,) = free_ports(1)
+
+    async def main() -> list[replicas_verify.PartitionReport]:
+        async with serving(Logs(1, {"t-0": log, "t-1": log})) as (address,):
+            targets = [PartitionTarget("t", b"", p, (1, 2), 1) for p in (0, 1)]
+            return await verify_partitions(targets, {1: address, 2: f"127.0.0.1:{nobody}"})
+
+    first, second = run(main)
+    assert first.not_checked[2].startswith("UNAVAILABLE: ")
+    earlier = f"not asked: it failed for an earlier partition: {first.not_checked[2]}"
+    assert second.not_checked == {2: earlier} and second.batches_compared == 2
+
+
+def test_without_the_leader_the_lowest_replica_that_answers_is_the_reference(
+    new_log: Any, small_pages: None
+) -> None:
+    two, three = new_log("b/t-0"), new_log("c/t-0")
+    fill(two, 4)
+    fill(three, 4)
+    (nobody,) = free_ports(1)
+    report = verify(
+        [Logs(2, {"t-0": two}), Logs(3, {"t-0": three})],
+        extra={1: f"127.0.0.1:{nobody}"},
+    )
+    assert report.reference == 2 and report.batches_compared == 4 and 1 in report.not_checked
+
+
+# -- the command's output and exit code; where brokers are read --------------------------------
+
+
+def broker(broker_id: int, *listeners: tuple[str, str]) -> cpb.BrokerDescription:
+    """A DescribeCluster broker with listeners given as (name, host:port)."""
+    described = []
+    for name, address in listeners:
+        host, _, port = address.rpartition(":")
+        described.append(mpb.Listener(name=name, host=host.strip("[]"), port=int(port)))
+    return cpb.BrokerDescription(broker_id=broker_id, listeners=described)
+
+
+def test_a_combined_node_is_read_on_its_controller_listener() -> None:
+    brokers = [
+        broker(101, ("CLIENT", "h:1"), ("REPLICATION", "h:2")),
+        broker(1, ("CLIENT", "c:1"), ("CONTROLLER", "c:2"), ("REPLICATION", "c:3")),
+        broker(102, ("CLIENT", "h:5")),
+        broker(103, ("REPLICATION", "[::1]:6")),
+    ]
+    assert replica_read_addresses(brokers) == {101: "h:2", 1: "c:2", 103: "[::1]:6"}
+
+
+def test_the_command_prints_every_problem_and_exits_1(
+    new_log: Any, small_pages: None, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    one, two, alone = new_log("a/t-0"), new_log("b/t-0"), new_log("a/t-1")
+    fill(one, 5)
+    fill(two, 3)
+    fill(two, 2, start=3, tag="w")
+    fill(alone, 2)
+    (nobody,) = free_ports(1)
+    sources = [Logs(1, {"t-0": one, "t-1": alone}), Logs(2, {"t-0": two})]
+    targets = [PartitionTarget("t", b"", 0, (1, 2), 1), PartitionTarget("t", b"", 1, (1, 3), 1)]
+
+    async def main() -> int:
+        async with serving(*sources) as (first, second):
+            brokers = [
+                broker(1, ("REPLICATION", first)),
+                broker(2, ("REPLICATION", second)),
+                broker(3, ("REPLICATION", f"127.0.0.1:{nobody}")),
+            ]
+            monkeypatch.setattr(replicas_command, "_describe", lambda _: (targets, brokers))
+            return await asyncio.to_thread(cli.main, ["replicas", "verify"])
+
+    assert run(main) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "t-0: DIVERGED: replicas 1 (leader), 2; offsets [0, 5), 5 batches compared"
+    assert lines[1].startswith("  replica 2 differs from 1 at offset 3: batch at 3: crc 0x")
+    assert (
+        lines[2] == "t-1: NOT CHECKED: replicas 1 (leader), 3; offsets [0, 2), 2 batches compared"
+    )
+    assert lines[3].startswith("  replica 3 not checked: UNAVAILABLE: ")
+    assert lines[4:] == [
+        "2 partitions checked, 7 batches compared: 1 diverged, 1 with replicas not checked"
+    ]
+
+
+# -- on a node ---------------------------------------------------------------------------------
+
+
+def test_a_combined_node_serves_its_replicas_on_the_controller_listener(tmp_path: Path) -> None:
+    path, controller_port, _ = write_config(tmp_path)
+    address = f"127.0.0.1:{controller_port}"
+
+    async def main() -> None:
+        node = RunnelNode(load_config(path, {}))
+        client = ControllerClient({1: address})
+        await node.start()
+        try:
+            topic = cpb.CreatableTopic(name="t", num_partitions=1, replication_factor=1)
+            await client.call("CreateTopics", cpb.CreateTopicsRequest(topics=[topic]))
+            assert node.kafka is not None
+            replicas = node.kafka.replicas
+            while replicas.get("t", 0) is None:  # bounded by run()'s timeout
+                await asyncio.sleep(0.02)
+            partition = replicas.get("t", 0)
+            assert partition is not None
+            for _ in range(3):
+                partition.append_as_leader(make_batch([b"a", b"b"]), required_acks=-1)
+            chunks = await read(address, request())
+            assert metas(chunks) == stored(partition.log) and len(metas(chunks)) == 3
+            assert (chunks[-1].broker_id, chunks[-1].high_watermark) == (1, 6)
+        finally:
+            await node.stop()
+            await client.close()
+
+    run(main)
+
+
+def test_before_its_logs_are_open_a_node_is_not_serving_yet(tmp_path: Path) -> None:
+    path, controller_port, _ = write_config(tmp_path)
+
+    async def main() -> grpc.aio.AioRpcError:
+        node = RunnelNode(load_config(path, {}))
+        await node.transport.start()  # the listener only: no metadata, no logs
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await read(f"127.0.0.1:{controller_port}", request())
+            return caught.value
+        finally:
+            await node.transport.close()
+            assert node.client is not None
+            await node.client.close()
+
+    error = run(main)
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.details() == "broker 1 is not serving partitions yet"
