@@ -6,8 +6,9 @@ alternately on each broker) gets records from confluent-kafka in several flushes
 several batches per partition. Each replica is then read over real gRPC at its broker's
 REPLICATION listener, and what comes back must be what ``runnel log dump`` reads from the
 partition's directory on disk; ``runnel replicas verify`` must find every replica in
-agreement and say so. (Replicas on several brokers agree only once brokers replicate; that
-comes with the replication issue, so nothing here depends on it.)
+agreement and say so. A second topic, with replication factor 2 (a replica on each broker),
+gets acks=all records: ``verify`` compares the two replicas batch by batch and finds them
+equal, and the follower's stream is the leader's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from confluent_kafka import Producer
-from kafka_cluster import BROKER_IDS, WAIT_S, KafkaCluster, create_topic, kafka
+from kafka_cluster import BROKER_IDS, WAIT_S, KafkaCluster, create_topic, kafka, wait_until_listed
 from test_local_cluster import runnel
 
 from proto import replica_pb2 as rpb
@@ -32,8 +33,8 @@ pytestmark = pytest.mark.slow
 ROUNDS, RECORDS_PER_ROUND = 5, 4  # per partition; a flush after each round
 
 
-def produce(kafka: KafkaCluster, topic: str) -> None:
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 0})
+def produce(kafka: KafkaCluster, topic: str, acks: str = "1") -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 0, "acks": acks})
     failed: list[Any] = []
 
     def delivered(error: Any, _message: Any) -> None:
@@ -163,3 +164,26 @@ def test_verify_of_an_unknown_topic_fails(kafka: KafkaCluster) -> None:
         "replicas", "verify", "--topic", "no-such-topic", "--data-dir", str(kafka.data_dir)
     )
     assert done.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in done.stderr, done.stderr
+
+
+def test_two_replicas_of_acks_all_records_agree(kafka: KafkaCluster) -> None:
+    name = "replica-read-rf2"
+    done = runnel(
+        "topics", "create", name, "--partitions", "2", "--replication-factor", "2",
+        "--data-dir", str(kafka.data_dir),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wait_until_listed(kafka, name, 2)
+    produce(kafka, name, acks="all")  # acknowledged once both replicas have each batch
+    done = runnel(
+        "replicas", "verify", "--topic", name, "--json", "--data-dir", str(kafka.data_dir)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["partitions_checked"] == 2
+    assert report["batches_compared"] >= 2 * ROUNDS  # a flush per round: a batch each at least
+    for partition in (0, 1):
+        request = rpb.ReadBatchesRequest(topic=name, partition=partition, start_offset=0)
+        streams = [metas(read_batches(kafka, broker, request)) for broker in BROKER_IDS]
+        assert streams[0] == streams[1] and len(streams[0]) >= ROUNDS
+        assert streams[0][-1].last_offset == ROUNDS * RECORDS_PER_ROUND - 1
