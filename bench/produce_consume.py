@@ -25,6 +25,10 @@ back; here on one 2-core box that also runs the load. Every role is its own proc
                  long-polling consumer; latency is from a record's due time (written in its
                  value) to the read of the fetch response holding it. On the in-memory sink
                  (the generator's own floor), then on runnel.
+  replication    on 1 controller + 3 brokers (``produce_consume_replication.py``): produce
+                 at replication factor 1, and 3 with acks=1 and acks=all; a follower's
+                 catch-up after a restart, with its raw baseline; kill -9 of a leader under
+                 acks=all writes.
 
 The order (``produce_consume_plan.py``) interleaves each runnel run with its baselines, in
 rounds. Servers run on CPU 0 and load processes on CPU 1 (``--no-pin``: wherever the
@@ -34,7 +38,7 @@ produce run unpinned shows what that changes. Figures are in
 last line printed is one JSON object with every figure; the commands to reproduce precede it.
 
 Usage: ``python -m bench.produce_consume [--quick] [--dir DIR] [--records N] [--max-s S]
-[--rounds R] [--batch-bytes B] [--partitions P] [--no-pin]``.
+[--rounds R] [--batch-bytes B] [--partitions P] [--no-pin] [--no-replication]``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=True,
         help="servers (and every thread of the broker) on CPU 0, load processes on CPU 1",
     )
+    parser.add_argument(
+        "--replication",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the replication runs (3 brokers) after the others",
+    )
     return parser.parse_args(argv)
 
 
@@ -108,11 +118,13 @@ def make_params(args: argparse.Namespace) -> Params:
         fetch_wait_ms=100,
         pin=args.pin,
         confluent=importlib.util.find_spec("confluent_kafka") is not None,
+        replication=args.replication,
     )
 
 
 def reproduce(params: Params) -> str:
     flags = (" --quick" if params.quick else "") + ("" if params.pin else " --no-pin")
+    flags += "" if params.replication else " --no-replication"
     python = sys.executable
     return "\n".join(
         [
@@ -123,6 +135,8 @@ def reproduce(params: Params) -> str:
             f"  {python} -m bench.kafka_load produce --bootstrap 127.0.0.1:PORT --topic bench",
             "  (roles: produce, consume, e2e-produce, e2e-consume; bench.produce_consume_raw"
             " receive|send; bench.produce_consume_client produce|consume)",
+            "the replication runs alone:",
+            f"  {python} -m bench.produce_consume_replication{' --quick' * params.quick}",
         ]
     )
 

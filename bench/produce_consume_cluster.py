@@ -1,27 +1,29 @@
-"""The runnel cluster bench.produce_consume measures: one controller and one broker, separate
-processes on 127.0.0.1, as ``runnel cluster up --controllers 1 --brokers 1`` starts them.
+"""The runnel cluster bench.produce_consume measures: one controller and one broker (three for
+the replication runs), separate processes on 127.0.0.1, as ``runnel cluster up --controllers 1
+--brokers N`` starts them.
 
 How this works. A ``runnel.local_cluster.ClusterSpec`` on a free block of ports, run by a
 ``runnel.supervisor.Supervisor`` with restarts off (a node that dies fails the run), default
-settings throughout. The cluster is ready when the broker's Kafka listener (its CLIENT port)
-answers Metadata naming itself; a topic is ready when Metadata from the broker shows a
-leader for each partition. Topics are made with a Kafka CreateTopics request (replication
-factor 1) to the broker, which forwards it to the controller. ``stop`` kills both nodes
-(SIGTERM, then SIGKILL) and reaps them.
+settings throughout. The cluster is ready when the first broker's Kafka listener (its CLIENT
+port) answers Metadata naming every broker; a topic is ready when Metadata from that broker
+shows a leader for each partition and every replica in its ISR. Topics are made with a Kafka
+CreateTopics request (replication factor 1 unless asked) to the broker, which forwards it to
+the controller. ``stop`` kills every node (SIGTERM, then SIGKILL) and reaps them.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from bench.kafka_load import Connection, LoadError, partition_leaders
+from bench.kafka_load import METADATA_VERSION, Connection, LoadError, partition_leaders
 from bench.metadata_cluster import free_base_port
 from broker.protocol import ApiKey
 from runnel.local_cluster import ClusterSpec, Port
 from runnel.supervisor import Supervisor
 
-__all__ = ["RunnelCluster"]
+__all__ = ["PartitionState", "RunnelCluster", "partition_states"]
 
 POLL_INTERVAL_S = 0.2
 CREATE_TOPICS_VERSION = 7
@@ -29,14 +31,40 @@ LOG_TAIL_BYTES = 3000
 BROKER_ID = 101
 
 
-class RunnelCluster:
-    """1 controller + 1 broker. Use from one thread."""
+class PartitionState(NamedTuple):
+    """One partition as a broker's Metadata answer shows it."""
 
-    def __init__(self, root: Path) -> None:
-        self.spec = ClusterSpec(1, 1, root, free_base_port(2))
+    partition: int
+    leader: int  # -1: none
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+def partition_states(conn: Connection, topic: str) -> list[PartitionState]:
+    """``topic``'s partitions from a Metadata request; LoadError if the topic has an error."""
+    request = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
+    (found,) = conn.call(ApiKey.METADATA, METADATA_VERSION, request).topics
+    if found.error_code != 0:
+        raise LoadError(f"Metadata for {topic}: error code {found.error_code}")
+    return [
+        PartitionState(p.partition_index, p.leader_id, tuple(p.replica_nodes), tuple(p.isr_nodes))
+        for p in found.partitions
+    ]
+
+
+class RunnelCluster:
+    """1 controller + ``brokers`` brokers (ids 101, 102, ...). Use from one thread."""
+
+    def __init__(self, root: Path, brokers: int = 1) -> None:
+        self.spec = ClusterSpec(1, brokers, root, free_base_port(1 + brokers))
         self.spec.save()
         self.supervisor = Supervisor(self.spec, restart=False)
-        self.bootstrap = f"127.0.0.1:{self.spec.node(BROKER_ID).ports[Port.CLIENT]}"
+        self.broker_ids = tuple(range(BROKER_ID, BROKER_ID + brokers))
+        self.bootstrap = self.address(BROKER_ID)
+
+    def address(self, broker_id: int) -> str:
+        """The broker's Kafka listener."""
+        return f"127.0.0.1:{self.spec.node(broker_id).ports[Port.CLIENT]}"
 
     @property
     def broker_pid(self) -> int:
@@ -61,7 +89,7 @@ class RunnelCluster:
             return False
         try:
             response = conn.call(ApiKey.METADATA, 12, {"topics": []})
-            return any(b.node_id == BROKER_ID for b in response.brokers)
+            return set(self.broker_ids) <= {b.node_id for b in response.brokers}
         except (OSError, LoadError):
             return False
         finally:
@@ -72,12 +100,24 @@ class RunnelCluster:
         if died:
             raise RuntimeError("; ".join(line for _, line in died) + "\n" + self.log_tail())
 
-    def create_topics(self, topics: dict[str, int], timeout_s: float) -> None:
-        """Create ``topics`` (name -> partitions, replication factor 1) with one Kafka
-        CreateTopics request to the broker, then wait until the broker leads them all."""
+    def create_topics(
+        self,
+        topics: dict[str, int],
+        timeout_s: float,
+        replication_factor: int = 1,
+        configs: dict[str, str] | None = None,
+    ) -> None:
+        """Create ``topics`` (name -> partitions) with one Kafka CreateTopics request to the
+        broker, then wait until each partition has a leader and a full ISR."""
+        entries = [{"name": k, "value": v} for k, v in (configs or {}).items()]
         request = {
             "topics": [
-                {"name": name, "num_partitions": n, "replication_factor": 1}
+                {
+                    "name": name,
+                    "num_partitions": n,
+                    "replication_factor": replication_factor,
+                    "configs": entries,
+                }
                 for name, n in topics.items()
             ],
             "timeout_ms": int(timeout_s * 1000),
@@ -94,16 +134,20 @@ class RunnelCluster:
             raise RuntimeError(f"CreateTopics: {'; '.join(failed)}")
         deadline = time.monotonic() + timeout_s
         for name, partitions in topics.items():
-            while not self._has_leaders(name, partitions):
+            while not self._has_leaders(name, partitions, replication_factor):
                 self.check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"topic {name} has no leaders after {timeout_s} s")
                 time.sleep(POLL_INTERVAL_S)
 
-    def _has_leaders(self, topic: str, partitions: int) -> bool:
+    def _has_leaders(self, topic: str, partitions: int, replication_factor: int) -> bool:
         conn = Connection.connect(self.bootstrap)
         try:
-            return len(partition_leaders(conn, topic)) == partitions
+            if len(partition_leaders(conn, topic)) != partitions:
+                return False
+            if replication_factor == 1:
+                return True
+            return all(len(p.isr) == replication_factor for p in partition_states(conn, topic))
         except LoadError:
             return False
         finally:

@@ -7,8 +7,12 @@ wire MB counts every byte of the requests or responses, size prefixes included.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bench.kafka_load import VALUE_BYTES
+
+if TYPE_CHECKING:
+    from bench.produce_consume_replication_figures import Replication
 
 __all__ = [
     "JAVA_BATCH_BYTES",
@@ -62,6 +66,7 @@ class Params:
     fetch_wait_ms: int
     pin: bool  # servers on CPU 0, load generators on CPU 1
     confluent: bool  # confluent-kafka importable: its runs happen
+    replication: bool = True  # the replication runs happen (produce_consume_replication.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,3 +221,4 @@ class Results:
     rounds: tuple[Round, ...]
     clients: tuple[Run, ...]  # confluent-kafka: sink produce, runnel produce, sink/runnel consume
     sweep: tuple[Run, ...]  # raw generator on runnel: other batch sizes, six partitions
+    replication: Replication | None = None  # 3 brokers; None: left out (--no-replication)

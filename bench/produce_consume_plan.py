@@ -17,6 +17,8 @@ a noisy spell of the shared machine hits both:
   sweep    the raw generator into runnel at the other batch sizes, into six partitions
            (produce, then consume), the 2014 test's topic, and (when pinned) the headline
            produce once more with the broker and the generator free to use both CPUs.
+  replication  once that cluster is stopped, a cluster of 1 controller + 3 brokers for the
+           replication runs (``produce_consume_replication.py``; not with ``--no-replication``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.produce_consume_phases import (
     sink,
 )
 from bench.produce_consume_procs import ALL_CPUS, SERVER_CPUS, pin_process
+from bench.produce_consume_replication import replication_params, run_replication
 
 __all__ = ["run"]
 
@@ -199,4 +202,10 @@ def run(root: Path, params: Params) -> Results:
             raise
         finally:
             cluster.stop()
-    return Results(floor, e2e, tuple(rounds), tuple(client_runs), tuple(sweep_runs))
+    replication = None
+    if params.replication:
+        rp = replication_params(
+            params.quick, params.rounds, params.records, params.batch_bytes, params.in_flight
+        )
+        replication = run_replication(root, rp)
+    return Results(floor, e2e, tuple(rounds), tuple(client_runs), tuple(sweep_runs), replication)

@@ -24,6 +24,11 @@ from bench.produce_consume_figures import (
     Round,
     Run,
 )
+from bench.produce_consume_replication_report import (
+    headline_json,
+    print_replication,
+    replication_json,
+)
 
 __all__ = ["Summary", "measured_commit", "print_table", "report"]
 
@@ -148,6 +153,8 @@ def print_table(params: Params, results: Results, summary: Summary) -> None:
         f"produce per busy core: the generator {s.generator_per_core:,.0f} records per CPU-second,"
         f" the runnel broker {s.broker_per_core:,.0f}"
     )
+    if results.replication is not None:
+        print_replication(results.replication)
 
 
 def _print_targets(params: Params, s: Summary, rounds: int) -> None:
@@ -220,6 +227,7 @@ def report(
         "generator_consume_headroom": s.consume_headroom,
         "generator_produce_records_per_cpu_s": s.generator_per_core,
         "broker_produce_records_per_cpu_s": s.broker_per_core,
+        **headline_json(r.replication),
         "targets": {
             "produce_records_per_s": TARGET_PRODUCE_RECORDS_PER_S,
             "consume_records_per_s": TARGET_CONSUME_RECORDS_PER_S,
@@ -231,6 +239,7 @@ def report(
         "confluent_kafka": [_run_json(x) for x in r.clients],
         "sweep": [_run_json(x) for x in r.sweep],
         "e2e": {"sink": _latency_json(r.sink_e2e), "runnel": _latency_json(r.e2e)},
+        "replication": None if r.replication is None else replication_json(r.replication),
         "params": asdict(params),
         "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg()[0],

@@ -1,0 +1,180 @@
+"""Replication runs of bench.produce_consume: the Kafka 2014 test's replicated producer (three
+brokers, replication factor 3, 100-byte records, acks=1 and acks=all), a follower's catch-up
+after a restart, and the unavailability after kill -9 of a leader.
+
+How this works. One cluster of 1 controller + 3 brokers (``runnel cluster up``'s processes,
+default settings) for all of it; every topic has one partition and the load goes to its
+leader. In order (``produce_consume_replication_phases.py`` has each kind of run):
+
+  rounds     ``rounds`` times: the raw-protocol generator (16 KiB batches, 5 in flight) into
+             a replication-factor-1 topic with acks=1 (the baseline), into a replication-
+             factor-3 topic with acks=1, and into another with acks=all, ``max_s`` each, a
+             fresh topic per run. ``rf3_ratio_to_rf1`` is each round's acks=all records/s
+             over its replication-factor-1 records/s, the median over the rounds.
+  catch-up   a follower of a replication-factor-3 topic is stopped, ``catch_up_bytes`` are
+             produced with acks=1, the follower is started again; MB/s of its copy, with the
+             raw baseline (the same bytes over a plain socket with sendfile into a file).
+  failover   ``kills`` times: kill -9 of the leader of a replication-factor-3 topic with
+             min.insync.replicas 2 under a paced acks=all producer; seconds from the kill to
+             the first write the new leader acknowledges, against the cluster's
+             ``broker_session_timeout_ms`` (the target: at most that + 2 s).
+
+Standalone: ``python -m bench.produce_consume_replication [--quick] [--dir DIR]`` prints the
+table and a JSON object of these runs alone; ``python -m bench.produce_consume`` runs them
+after its own (``--no-replication`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common import REPO, work_dir
+from bench.produce_consume_cluster import RunnelCluster
+from bench.produce_consume_figures import JAVA_BATCH_BYTES, MB
+from bench.produce_consume_replication_figures import (
+    Replication,
+    ReplicationParams,
+    ReplicationRound,
+)
+from bench.produce_consume_replication_phases import (
+    Brokers,
+    catch_up,
+    failover,
+    produce_run,
+    step,
+)
+from bench.produce_consume_replication_report import print_replication, replication_json
+from bench.produce_consume_report import measured_commit
+from runnel.config import load_config
+
+__all__ = ["replication_params", "run_replication"]
+
+BROKERS = 3
+CONTROLLER_ID = 1
+START_TIMEOUT_S = 120.0
+TOPIC_TIMEOUT_S = 60.0
+RF1, RF3 = 1, 3
+ACKS_ALL = -1
+CATCH_UP_TOPIC = "bench-rf3-catch-up"
+FAILOVER_TOPIC = "bench-rf3-failover"
+
+
+def replication_params(
+    quick: bool, rounds: int, records: int, batch_bytes: int, in_flight: int
+) -> ReplicationParams:
+    return ReplicationParams(
+        rounds=rounds,
+        max_s=3.0 if quick else 15.0,
+        records=records,
+        batch_bytes=batch_bytes,
+        in_flight=in_flight,
+        catch_up_bytes=(100 if quick else 500) * MB,
+        kills=1 if quick else 3,
+        probe_interval_ms=10.0,
+        probe_backoff_ms=50.0,
+        min_insync_replicas=2,
+    )
+
+
+def round_topics(i: int) -> tuple[str, str, str]:
+    """Replication factor 1; 3 with acks=1; 3 with acks=all."""
+    return (
+        f"bench-rf1-round{i + 1}",
+        f"bench-rf3-acks1-round{i + 1}",
+        f"bench-rf3-all-round{i + 1}",
+    )
+
+
+def create_topics(cluster: RunnelCluster, rp: ReplicationParams) -> None:
+    topics = [round_topics(i) for i in range(rp.rounds)]
+    cluster.create_topics({t[0]: 1 for t in topics}, TOPIC_TIMEOUT_S)
+    rf3 = {name: 1 for t in topics for name in t[1:]}
+    rf3[CATCH_UP_TOPIC] = 1
+    cluster.create_topics(rf3, TOPIC_TIMEOUT_S, RF3)
+    configs = {"min.insync.replicas": str(rp.min_insync_replicas)}
+    cluster.create_topics({FAILOVER_TOPIC: 1}, TOPIC_TIMEOUT_S, RF3, configs)
+
+
+def one_round(i: int, brokers: Brokers, rp: ReplicationParams) -> ReplicationRound:
+    rf1_topic, acks1_topic, all_topic = round_topics(i)
+    rf1 = produce_run("RF 1, acks=1", brokers, rf1_topic, RF1, 1, rp)
+    acks1 = produce_run("RF 3, acks=1", brokers, acks1_topic, RF3, 1, rp)
+    acks_all = produce_run("RF 3, acks=all", brokers, all_topic, RF3, ACKS_ALL, rp)
+    done = ReplicationRound(rf1, acks1, acks_all)
+    step(
+        f"replication round {i + 1}: RF 1 {rf1.run.records_per_s:,.0f} records/s, RF 3 acks=1 "
+        f"{acks1.run.records_per_s:,.0f}, acks=all {acks_all.run.records_per_s:,.0f} "
+        f"({done.acks_all_ratio:.2f} x RF 1)"
+    )
+    return done
+
+
+def session_timeout_ms(cluster: RunnelCluster) -> int:
+    """The controller's ``broker_session_timeout_ms``, as its node reads its config."""
+    config = load_config(cluster.spec.config_path(CONTROLLER_ID), dict(os.environ))
+    return config.controller.broker_session_timeout_ms
+
+
+def run_replication(root: Path, rp: ReplicationParams) -> Replication:
+    cluster = RunnelCluster(root / "replication-cluster", BROKERS)
+    try:
+        cluster.start(START_TIMEOUT_S)
+        create_topics(cluster, rp)
+        brokers = Brokers(cluster)
+        session_ms = session_timeout_ms(cluster)
+        step(f"runnel: 1 controller + {BROKERS} brokers up (session timeout {session_ms} ms)")
+        rounds = tuple(one_round(i, brokers, rp) for i in range(rp.rounds))
+        caught = catch_up(brokers, CATCH_UP_TOPIC, rp, root)
+        step(
+            f"catch-up: follower {caught.follower} copied {caught.bytes:,} B in "
+            f"{caught.transfer_s:.2f} s: {caught.mb_per_s:,.0f} MB/s (raw "
+            f"{caught.raw.mb_per_s:,.0f} MB/s)"
+        )
+        failovers = []
+        for k in range(rp.kills):
+            done = failover(brokers, FAILOVER_TOPIC, rp, session_ms)
+            failovers.append(done)
+            step(
+                f"failover {k + 1}: leader {done.killed} -> {done.new_leader}, unavailable "
+                f"{done.unavailable_s:.2f} s"
+            )
+        cluster.check_alive()
+    except BaseException:
+        print(cluster.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        cluster.stop()
+    return Replication(rp, session_ms, rounds, caught, tuple(failovers))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.produce_consume_replication", description=__doc__
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dir", type=Path, default=REPO / "data")
+    parser.add_argument("--rounds", type=int)
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    rp = replication_params(args.quick, rounds, 50_000_000, JAVA_BATCH_BYTES, 5)
+    load, commit = os.getloadavg()[0], measured_commit()
+    started = time.perf_counter()
+    with work_dir(args.dir, "bench-replication-") as root:
+        step(f"runnel replication benchmark in {root} (commit {commit[0]}, load {load:.2f})")
+        replication = run_replication(root, rp)
+    print_replication(replication)
+    out = replication_json(replication)
+    out.update(load_average_at_start=load, load_average_at_end=os.getloadavg()[0])
+    out.update(elapsed_s=time.perf_counter() - started, commit=commit[0])
+    out["uncommitted_changes"] = commit[1]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
