@@ -249,11 +249,15 @@ class ReplicaFetcher:
             _log.warning("fetch from broker %d: error %d", self.leader_id, response.error_code)
             self._rest_all(asked)
             return
+        sent = {f.partition.key: f for f in asked}
         for topic in response.responses:
             for answer in topic.partitions:
-                followed = self.followed.get((topic.topic, answer.partition_index))
-                if followed is None or not self._still_following(followed):
-                    continue  # unfollowed, or a newer epoch since the request: dropped
+                key = (topic.topic, answer.partition_index)
+                followed = sent.get(key)
+                if followed is None or self.followed.get(key) is not followed:
+                    continue  # unfollowed or followed anew since the request: dropped
+                if not self._still_following(followed):
+                    continue  # a newer leader or epoch in the image: dropped
                 try:
                     self._apply(followed, answer)
                 except ReplicationError as e:
