@@ -1,0 +1,962 @@
+"""A fresh local cluster of 1 controller and 3 broker processes for replication fault tests,
+with short timeouts, and the helpers those tests need: signal a broker (SIGKILL, SIGSTOP,
+SIGCONT, SIGTERM) and start it again, read a partition's leader and ISR as Kafka clients see
+them, produce and consume with confluent-kafka, and read every replica's stored batches from
+disk to compare them.
+
+How the cluster runs with short timeouts without a code change: ``runnel cluster up`` keeps a
+node's ``node.toml`` once written ("edits survive a resume"), so the fixture writes the
+cluster spec and the generated configs first (``ClusterSpec.save`` and
+``write_node_configs``), appends the ``[controller]`` and ``[broker]`` sections of
+``OVERRIDES`` to each node's file, and then runs ``runnel cluster up --once``, which resumes
+that cluster and waits until it is healthy (a test may change settings with
+``with_settings``). A broker is started again here the way the
+supervisor starts it (``python -m runnel node --config node.toml`` in its own session, output
+appended to ``node.log``, pid in ``node.pid``), so one broker can come back while another
+stays down (``up --once`` would start every missing node).
+
+Import this module by path under its own name (``load_fixture_module`` in the test module):
+``tests/raft/cluster.py`` is also a top-level ``cluster`` module, and whichever is imported
+first would shadow the other.
+
+Replicas are compared once they have caught up: ``wait_replicas_caught_up`` waits until
+every replica's log on disk ends at its partition's high watermark (what the leader answers
+ListOffsets with), so every replica's high watermark is that one too, and
+``replica_disagreements`` then compares the batches below it: offsets, leader epoch, CRC.
+
+Every wait is bounded; the teardown kill -9s every process of the cluster (found by pid file
+and by the processes started here) and prints each node's warnings and last log lines, which
+pytest shows with a failing test, next to the test's own timeline (``Cluster.note``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from support import make_batch
+from test_local_cluster import free_base_port, runnel
+
+from broker.protocol import ApiKey, decode_response, encode_request
+from runnel.local_cluster import ClusterSpec, Port, process_alive, read_pid
+from runnel.segment_reader import BrokenTail, find_segments, scan_segment
+
+__all__ = [
+    "BROKERS",
+    "LAG_MS",
+    "NULL_LOGGER",
+    "OVERRIDES",
+    "RETRIABLE",
+    "SESSION_MS",
+    "Cluster",
+    "Continuous",
+    "LoadReport",
+    "LogCheck",
+    "PartitionView",
+    "QueuedProduce",
+    "StoredBatch",
+    "Tail",
+    "check_log",
+    "error_name",
+    "replication_cluster",
+    "start_cluster",
+    "stop_cluster",
+    "wait_for",
+    "with_settings",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+BROKERS = (101, 102, 103)
+SESSION_MS = 3000  # controller.broker_session_timeout_ms
+LAG_MS = 3000  # broker.replica_lag_time_max_ms
+OVERRIDES = {
+    "controller": {
+        "broker_session_timeout_ms": SESSION_MS,
+        "leader_imbalance_check_interval_s": 5,
+    },
+    "broker": {
+        "heartbeat_interval_ms": 500,
+        "replica_lag_time_max_ms": LAG_MS,
+        "replica_fetch_backoff_ms": 200,
+        "replica_high_watermark_checkpoint_interval_ms": 1000,
+    },
+}
+UP_TIMEOUT_S = 90  # `runnel cluster up --once` (it waits up to 60 s for health)
+EXIT_WAIT_S = 10.0  # a SIGKILLed process to go
+TERM_WAIT_S = 40.0  # a SIGTERMed broker's controlled shutdown
+METADATA_TIMEOUT_S = 3.0  # one Metadata round trip
+LOG_TAIL_LINES = 25
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Kafka error codes a producer may retry (Kafka's RetriableException subclasses), and
+# librdkafka's local errors for a broker or request that went away; anything else in a
+# delivery report is an error the producer may not retry.
+RETRIABLE = frozenset(
+    {
+        KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+def error_name(code: int) -> str:
+    return str(KafkaError(code).name())
+
+
+def _quiet(_: Any) -> None:
+    """librdkafka's logs and global errors: the tests judge by delivery reports."""
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, step_s: float = 0.2) -> T:
+    """``probe()`` until it returns something else than None; AssertionError naming what
+    was awaited after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(step_s)
+
+
+# -- what clients see ------------------------------------------------------------------------
+
+
+class PartitionView(NamedTuple):
+    """One partition in a broker's Metadata answer."""
+
+    partition: int
+    leader: int  # -1: none
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    error: str | None
+
+
+class StoredBatch(NamedTuple):
+    """One batch of a replica's log on disk."""
+
+    base_offset: int
+    last_offset: int
+    leader_epoch: int
+    crc: int
+    crc_valid: bool
+
+    def __str__(self) -> str:
+        valid = "" if self.crc_valid else " CRC-INVALID"
+        return (
+            f"[{self.base_offset}-{self.last_offset} e{self.leader_epoch} "
+            f"crc={self.crc:#010x}{valid}]"
+        )
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """What a continuous producer saw: per value, where it was acknowledged or its error."""
+
+    sent: list[str] = field(default_factory=list)
+    acked: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # partition, offset
+    failed: dict[str, tuple[int, int, str, float]] = field(default_factory=dict)  # p, code
+    produce_errors: Counter[str] = field(default_factory=Counter)  # produce() raised
+    idempotent: bool = False
+
+    def error_counts(self) -> Counter[str]:
+        return Counter(error_name(code) for _, code, _, _ in self.failed.values())
+
+    def summary(self) -> str:
+        per_partition = Counter(p for p, _, _ in self.acked.values())
+        return (
+            f"sent {len(self.sent)}, acked {len(self.acked)} {dict(sorted(per_partition.items()))}"
+            f", failed {len(self.failed)} {dict(self.error_counts())}, unanswered "
+            f"{len(self.sent) - len(self.acked) - len(self.failed)}"
+            + (f", produce() raised {dict(self.produce_errors)}" if self.produce_errors else "")
+        )
+
+
+class Continuous:
+    """A thread producing unique values (``<tag>-<n>``) to a topic's partitions in turn, a
+    few at a time, until stopped; the delivery reports fill a ``LoadReport``."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        tag: str,
+        config: dict[str, Any],
+        *,
+        per_round: int = 6,
+        pause_s: float = 0.02,
+    ) -> None:
+        self.topic, self.partitions, self.tag = topic, partitions, tag
+        self.per_round, self.pause_s = per_round, pause_s
+        self.report = LoadReport(idempotent=bool(config.get("enable.idempotence")))
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "logger": NULL_LOGGER, "error_cb": _quiet, **config}
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"produce-{tag}", daemon=True)
+        self.unflushed = 0
+
+    def __enter__(self) -> Continuous:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            for _ in range(self.per_round):
+                value = f"{self.tag}-{n:07d}"
+                partition = n % self.partitions
+                n += 1
+                self.report.sent.append(value)
+                try:
+                    self.producer.produce(
+                        self.topic, value.encode(), partition=partition, on_delivery=self._report
+                    )
+                except (BufferError, KafkaException) as e:
+                    self.report.sent.pop()
+                    self.report.produce_errors[type(e).__name__] += 1
+                    break
+            self.producer.poll(0)
+            time.sleep(self.pause_s)
+
+    def _report(self, error: KafkaError | None, message: Any) -> None:
+        value, now = message.value().decode(), time.monotonic()
+        if error is None:
+            self.report.acked[value] = (message.partition(), message.offset(), now)
+        else:
+            self.report.failed[value] = (message.partition(), error.code(), error.str(), now)
+
+    def acked_since(self, since: float, partition: int | None = None) -> int:
+        return sum(
+            1
+            for p, _, at in list(self.report.acked.values())
+            if at >= since and (partition is None or p == partition)
+        )
+
+    def stop(self, flush_timeout_s: float = 30.0) -> LoadReport:
+        """Stop producing and wait (bounded) for every outstanding delivery report."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(timeout=10)
+            assert not self._thread.is_alive(), "the producer thread did not stop"
+            self.unflushed = self.producer.flush(flush_timeout_s)
+        return self.report
+
+
+class Tail:
+    """A thread consuming the topic from offset 0 while a test runs: what it saw, as
+    (partition, offset, value), must all be in the final log at the same offsets."""
+
+    def __init__(self, cluster: Cluster, topic: str, partitions: int) -> None:
+        self.consumer = cluster.consumer(**{"fetch.wait.max.ms": 100})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.seen: list[tuple[int, int, str]] = []
+        self.errors: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tail-{topic}", daemon=True)
+
+    def __enter__(self) -> Tail:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self.consumer.consume(200, timeout=0.2):
+                if m.error() is not None:
+                    self.errors[m.error().name()] += 1
+                else:
+                    self.seen.append((m.partition(), m.offset(), m.value().decode()))
+
+    def stop(self) -> list[tuple[int, int, str]]:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(timeout=10)
+            assert not self._thread.is_alive(), "the consumer thread did not stop"
+            self.consumer.close()
+        return self.seen
+
+    def problems(self, final: dict[int, list[tuple[int, str]]]) -> list[str]:
+        """What it saw that the final log does not hold at the same offset."""
+        at = {(p, o): v for p, records in final.items() for o, v in records}
+        wrong = [(p, o, v, at.get((p, o))) for p, o, v in self.seen if at.get((p, o)) != v]
+        return [
+            f"consumer saw {v!r} at partition {p} offset {o}; the final log has {final_v!r}"
+            for p, o, v, final_v in wrong[:20]
+        ] + ([f"... {len(wrong)} such records in all"] if len(wrong) > 20 else [])
+
+
+class LogCheck(NamedTuple):
+    problems: list[str]  # broken promises
+    retried: dict[str, list[tuple[int, int, int]]]  # tolerated copies: (partition, offset, epoch)
+
+
+def check_log(
+    final: dict[int, list[tuple[int, str]]],
+    reports: Iterable[LoadReport],
+    batches: dict[int, list[StoredBatch]],
+) -> LogCheck:
+    """How the final log (partition -> [(offset, value)], stored as ``batches``) breaks the
+    promises made to the producers:
+
+    * each partition's offsets run 0, 1, 2, ... and every value is one that was sent;
+    * every acknowledged value is at the partition and offset its delivery report gave;
+    * no value of an idempotent producer is there twice. A producer without idempotence
+      resends a record answered NOT_LEADER_OR_FOLLOWER even with ``retries`` 0 (librdkafka
+      counts no retry for it: "no chance of duplicate delivery"), yet the first copy may
+      have been committed while leadership moved (Kafka answers the same). So two copies
+      are tolerated (and returned) only in different leader epochs, in epoch order; two in
+      one epoch, never legitimately sent, are a problem."""
+    problems = []
+    where: dict[str, list[tuple[int, int]]] = {}
+    for partition, records in sorted(final.items()):
+        offsets = [o for o, _ in records]
+        if offsets != list(range(len(offsets))):
+            gaps = [(a, b) for a, b in zip([-1, *offsets], offsets, strict=False) if b != a + 1]
+            problems.append(f"partition {partition}: offsets are not 0..n-1; breaks at {gaps[:10]}")
+        for offset, value in records:
+            where.setdefault(value, []).append((partition, offset))
+    sender: dict[str, LoadReport] = {}
+    lost, moved = [], []
+    for report in reports:
+        sender.update(dict.fromkeys(report.sent, report))
+        for value, (partition, offset, _) in report.acked.items():
+            places = where.get(value, [])
+            if not places:
+                lost.append((value, partition, offset))
+            elif (partition, offset) not in places:
+                moved.append((value, (partition, offset), places))
+    strangers = [v for v in where if v not in sender]
+    retried, twice = {}, {}
+    for value, places in where.items():
+        if len(places) < 2 or value not in sender:
+            continue
+        copies = [(p, o, _epoch_at(batches.get(p, []), o)) for p, o in places]
+        epochs = [e for _, _, e in copies]
+        one_partition = len({p for p, _, _ in copies}) == 1
+        if sender[value].idempotent or not one_partition or epochs != sorted(set(epochs)):
+            twice[value] = copies
+        else:
+            retried[value] = copies
+    if lost:
+        problems.append(f"{len(lost)} acknowledged records are not in the log: {lost[:20]}")
+    if moved:
+        problems.append(f"{len(moved)} acknowledged records are elsewhere: {moved[:20]}")
+    if strangers:
+        problems.append(f"{len(strangers)} records nobody sent: {strangers[:20]}")
+    if twice:
+        several = list(twice.items())[:20]
+        problems.append(
+            f"{len(twice)} records are in the log more than once (partition, offset, leader "
+            f"epoch): {several}"
+        )
+    return LogCheck(problems, retried)
+
+
+def _epoch_at(batches: list[StoredBatch], offset: int) -> int:
+    """The leader epoch of the batch holding ``offset`` (-2: none does)."""
+    i = bisect.bisect_right([b.base_offset for b in batches], offset) - 1
+    return batches[i].leader_epoch if i >= 0 and batches[i].last_offset >= offset else -2
+
+
+class QueuedProduce:
+    """One acks=-1 Produce request (v9, one record) written to a broker's socket at once and
+    answered whenever the broker gets to it: the way to leave a request waiting at a paused
+    broker (the kernel accepts the connection and buffers the bytes)."""
+
+    CORRELATION_ID = 7
+
+    def __init__(self, address: str, topic: str, partition: int, value: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.value = value
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        batch = make_batch([value.encode()], timestamp_ms=int(time.time() * 1000))
+        body = {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 10_000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": batch}]}
+            ],
+        }
+        parts = encode_request(ApiKey.PRODUCE, 9, self.CORRELATION_ID, "replication-tests", body)
+        self.sock.sendall(b"".join(bytes(p) for p in parts))
+
+    def answer(self, timeout_s: float) -> tuple[int, int]:
+        """(error code, base offset) of the broker's answer; raises TimeoutError."""
+        self.sock.settimeout(timeout_s)
+        try:
+            (size,) = struct.unpack(">i", self._read(4))
+            correlation_id, body = decode_response(ApiKey.PRODUCE, 9, self._read(size))
+        finally:
+            self.sock.close()
+        assert correlation_id == self.CORRELATION_ID, correlation_id
+        (answer,) = body.responses[0].partition_responses
+        return int(answer.error_code), int(answer.base_offset)
+
+    def _read(self, count: int) -> bytes:
+        data = b""
+        while len(data) < count:
+            chunk = self.sock.recv(count - len(data))
+            if not chunk:
+                raise ConnectionError(f"the broker closed the connection after {len(data)} bytes")
+            data += chunk
+        return data
+
+
+class _NullLogger:
+    def log(self, *args: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
+
+
+NULL_LOGGER = _NullLogger()
+
+
+# -- the cluster -----------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """A running cluster (``spec``: ids, ports, files) with the settings it runs with, the
+    broker processes started here, the brokers paused now, and the test's timeline."""
+
+    spec: ClusterSpec
+    settings: dict[str, dict[str, int]]
+    started: float = field(default_factory=time.monotonic)
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    paused: set[int] = field(default_factory=set)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.spec.kafka_bootstrap
+
+    def address(self, broker: int) -> str:
+        return f"127.0.0.1:{self.spec.node(broker).ports[Port.CLIENT]}"
+
+    @property
+    def session_s(self) -> float:
+        return self.settings["controller"]["broker_session_timeout_ms"] / 1000
+
+    @property
+    def lag_s(self) -> float:
+        return self.settings["broker"]["replica_lag_time_max_ms"] / 1000
+
+    def note(self, text: str) -> None:
+        """Add a line to the test's timeline (seconds since the cluster came up)."""
+        line = f"{time.monotonic() - self.started:7.2f}s {text}"
+        self.timeline.append(line)
+        print(line, flush=True)
+
+    def story(self) -> str:
+        return "timeline:\n  " + "\n  ".join(self.timeline)
+
+    # -- processes -------------------------------------------------------------------------
+    def pid(self, broker: int) -> int | None:
+        """The broker's process id, None when it is not running."""
+        return self.spec.running_pid(broker)
+
+    def _signal(self, broker: int, signum: signal.Signals) -> int:
+        pid = self.pid(broker)
+        assert pid is not None, f"broker {broker} is not running\n{self.story()}"
+        os.kill(pid, signum)
+        self.note(f"{signum.name} broker {broker} (pid {pid})")
+        return pid
+
+    def kill(self, broker: int) -> None:
+        """kill -9, and wait until the process is gone."""
+        pid = self._signal(broker, signal.SIGKILL)
+        self.paused.discard(broker)
+        self._wait_gone(broker, pid, EXIT_WAIT_S)
+
+    def terminate(self, broker: int) -> float:
+        """SIGTERM (a controlled shutdown); waits until the process is gone and returns how
+        long that took."""
+        start = time.monotonic()
+        pid = self._signal(broker, signal.SIGTERM)
+        self._wait_gone(broker, pid, TERM_WAIT_S)
+        return time.monotonic() - start
+
+    def pause(self, broker: int) -> None:
+        self._signal(broker, signal.SIGSTOP)
+        self.paused.add(broker)
+
+    def resume(self, broker: int) -> None:
+        self._signal(broker, signal.SIGCONT)
+        self.paused.discard(broker)
+
+    def _wait_gone(self, broker: int, pid: int, timeout_s: float) -> None:
+        for child in self.children:
+            if child.pid == pid:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=timeout_s)
+        marker = str(self.spec.config_path(broker))
+        wait_for(
+            f"broker {broker} (pid {pid}) to exit",
+            lambda: True if not process_alive(pid, marker) else None,
+            timeout_s,
+            0.05,
+        )
+        self.spec.pid_path(broker).unlink(missing_ok=True)
+
+    def exit_code(self, broker_pid: int) -> int | None:
+        """The exit status of a process started here (None: not ours, or running)."""
+        child = next((c for c in self.children if c.pid == broker_pid), None)
+        return None if child is None else child.poll()
+
+    def start(self, broker: int) -> int:
+        """Start a stopped broker again, as the supervisor does; returns its pid."""
+        assert self.pid(broker) is None, f"broker {broker} runs already"
+        config = self.spec.config_path(broker)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        with open(self.spec.log_path(broker), "ab") as log:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            log.write(f"--- {stamp} tests/replication starts node {broker}\n".encode())
+            log.flush()
+            child = subprocess.Popen(
+                [sys.executable, "-m", "runnel", "node", "--config", str(config)],
+                cwd=self.spec.node_dir(broker),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+            )
+        self.children.append(child)
+        self.spec.pid_path(broker).write_text(f"{child.pid}\n")
+        self.note(f"started broker {broker} (pid {child.pid})")
+        return child.pid
+
+    def all_pids(self) -> list[int]:
+        pids = [read_pid(self.spec.pid_path(n.node_id)) for n in self.spec.nodes()]
+        pids += [c.pid for c in self.children]
+        return sorted({p for p in pids if p is not None})
+
+    # -- metadata --------------------------------------------------------------------------
+    def admin(self, via: Iterable[int] | None = None) -> AdminClient:
+        brokers = list(via) if via is not None else self.live()
+        return AdminClient(
+            {
+                "bootstrap.servers": ",".join(self.address(b) for b in brokers),
+                "logger": NULL_LOGGER,
+                "error_cb": _quiet,
+            }
+        )
+
+    def live(self) -> list[int]:
+        """Brokers running and not paused."""
+        return [b for b in BROKERS if self.pid(b) is not None and b not in self.paused]
+
+    def metadata(self, via: int, topic: str | None = None) -> Any:
+        return self.admin([via]).list_topics(topic, timeout=METADATA_TIMEOUT_S)
+
+    def partitions(self, topic: str, via: Iterable[int] | None = None) -> list[PartitionView]:
+        """The topic's partitions as one of ``via`` (default: the live brokers) answers;
+        AssertionError if none answers."""
+        problems = []
+        for broker in via if via is not None else self.live():
+            try:
+                found = self.metadata(broker, topic).topics.get(topic)
+            except KafkaException as e:
+                problems.append(f"{broker}: {e}")
+                continue
+            if found is None or found.error is not None:
+                problems.append(f"{broker}: {None if found is None else found.error}")
+                continue
+            return [
+                PartitionView(
+                    p.id,
+                    p.leader,
+                    tuple(p.replicas),
+                    tuple(sorted(p.isrs)),
+                    None if p.error is None else p.error.name(),
+                )
+                for p in sorted(found.partitions.values(), key=lambda p: p.id)
+            ]
+        raise AssertionError(f"no broker described {topic}: {problems}")
+
+    def partition(
+        self, topic: str, partition: int, via: Iterable[int] | None = None
+    ) -> PartitionView:
+        return self.partitions(topic, via)[partition]
+
+    def unfenced(self, via: int) -> list[int]:
+        """The brokers ``via`` lists (fenced ones are left out)."""
+        return sorted(self.metadata(via).brokers)
+
+    def wait_partitions(
+        self,
+        what: str,
+        topic: str,
+        ok: Callable[[list[PartitionView]], bool],
+        timeout_s: float,
+        via: Iterable[int] | None = None,
+    ) -> list[PartitionView]:
+        """Until every live broker (or each of ``via``) describes the topic so that ``ok``
+        holds; the failure names what was seen last."""
+        seen: dict[int, Any] = {}
+
+        def probe() -> list[PartitionView] | None:
+            views = None
+            for broker in via if via is not None else self.live():
+                try:
+                    views = self.partitions(topic, [broker])
+                except AssertionError as e:
+                    seen[broker] = str(e)
+                    return None
+                seen[broker] = views
+                if not ok(views):
+                    return None
+            return views
+
+        try:
+            views = wait_for(what, probe, timeout_s, 0.25)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen by broker: {seen}\n{self.story()}") from None
+        self.note(f"{what}: {_brief(views)}")
+        return views
+
+    def wait_full_isr(self, topic: str, timeout_s: float = 40) -> list[PartitionView]:
+        """Until every broker runs, lists all three unfenced, and describes every partition
+        with a leader and all three replicas in sync."""
+        wait_for(
+            "every broker to list all three unfenced",
+            lambda: True if all(self._lists_all(b) for b in BROKERS) else None,
+            timeout_s,
+            0.25,
+        )
+        return self.wait_partitions(
+            f"{topic}: a leader and a full ISR everywhere",
+            topic,
+            lambda views: all(v.leader in BROKERS and v.isr == BROKERS for v in views),
+            timeout_s,
+            via=BROKERS,
+        )
+
+    def _lists_all(self, broker: int) -> bool:
+        try:
+            return self.pid(broker) is not None and tuple(self.unfenced(broker)) == BROKERS
+        except KafkaException:
+            return False
+
+    def create_topic(
+        self, topic: str, partitions: int, min_insync: int = 2, timeout_s: float = 30
+    ) -> list[PartitionView]:
+        new = NewTopic(
+            topic,
+            num_partitions=partitions,
+            replication_factor=3,
+            config={"min.insync.replicas": str(min_insync)},
+        )
+        admin = self.admin()  # it must outlive the future
+        admin.create_topics([new], operation_timeout=20)[topic].result(timeout=timeout_s)
+        return self.wait_full_isr(topic, timeout_s)
+
+    # -- offsets and records ---------------------------------------------------------------
+    def consumer(self, **config: Any) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "replication-tests",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "logger": NULL_LOGGER,
+                "error_cb": _quiet,
+                **config,
+            }
+        )
+
+    def high_watermarks(self, topic: str, partitions: int) -> dict[int, int]:
+        consumer = self.consumer()
+        try:
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                for p in range(partitions)
+            }
+        finally:
+            consumer.close()
+
+    def read_all(
+        self, topic: str, partitions: int, timeout_s: float = 60
+    ) -> dict[int, list[tuple[int, str]]]:
+        """Every record of the topic, from the earliest offset to the high watermark of each
+        partition as it is now: partition -> [(offset, value)] in the order read."""
+        ends = self.high_watermarks(topic, partitions)
+        out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
+        consumer = self.consumer()
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+            deadline = time.monotonic() + timeout_s
+            done = {p for p in range(partitions) if ends[p] == 0}
+            while len(done) < partitions:
+                assert time.monotonic() < deadline, (
+                    f"reading {topic} to {ends} timed out; read up to "
+                    f"{ {p: (r[-1][0] if r else None) for p, r in out.items()} }"
+                )
+                for m in consumer.consume(500, timeout=1.0):
+                    if m.error() is not None:
+                        continue
+                    out[m.partition()].append((m.offset(), m.value().decode()))
+                    if m.offset() + 1 >= ends[m.partition()]:
+                        done.add(m.partition())
+        finally:
+            consumer.close()
+        return out
+
+    # -- what is stored ----------------------------------------------------------------------
+    def partition_dir(self, broker: int, topic: str, partition: int) -> Path:
+        return self.spec.node_dir(broker) / "data" / f"{topic}-{partition}"
+
+    def stored_batches(self, broker: int, topic: str, partition: int) -> list[StoredBatch]:
+        """Every whole batch of the broker's replica, read from its segment files (a torn
+        tail of a segment still being written is left out)."""
+        directory = self.partition_dir(broker, topic, partition)
+        out = []
+        for segment in find_segments(directory):
+            for item in scan_segment(segment.path):
+                if isinstance(item, BrokenTail):
+                    break
+                h = item.header
+                out.append(
+                    StoredBatch(
+                        h.base_offset,
+                        h.last_offset,
+                        h.partition_leader_epoch,
+                        h.crc,
+                        item.crc_valid,
+                    )
+                )
+        return out
+
+    def log_ends(self, topic: str, partition: int) -> dict[int, int]:
+        """Each replica's log end offset on disk."""
+        return {
+            b: (batches[-1].last_offset + 1 if batches else 0)
+            for b in BROKERS
+            for batches in [self.stored_batches(b, topic, partition)]
+        }
+
+    def wait_replicas_caught_up(
+        self, topic: str, partitions: int, timeout_s: float = 30
+    ) -> dict[int, int]:
+        """Until every replica's log on disk ends at its partition's high watermark (run it
+        once nothing produces and the ISR is full); returns the high watermarks."""
+        seen: list[Any] = [None]
+
+        def probe() -> dict[int, int] | None:
+            hws = self.high_watermarks(topic, partitions)
+            ends = {p: self.log_ends(topic, p) for p in range(partitions)}
+            seen[0] = (hws, ends)
+            return hws if all(set(ends[p].values()) == {hws[p]} for p in hws) else None
+
+        try:
+            hws = wait_for("every replica to end at the high watermark", probe, timeout_s, 0.5)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}: (high watermarks, log ends per partition and replica) {seen[0]}\n"
+                f"{self.story()}"
+            ) from None
+        self.note(f"{topic}: every replica ends at the high watermark {hws}")
+        return hws
+
+    def replica_disagreements(self, topic: str, partition: int, below: int) -> list[str]:
+        """How the replicas' stored batches below offset ``below`` differ (empty: they
+        agree): each must hold batches covering offsets 0 to ``below`` - 1 exactly, with
+        valid CRCs, and all three the same batches (offsets, leader epoch, CRC)."""
+        problems = []
+        kept: dict[int, list[StoredBatch]] = {}
+        for broker in BROKERS:
+            batches = self.stored_batches(broker, topic, partition)
+            kept[broker] = [b for b in batches if b.base_offset < below]
+            expected = 0
+            for b in kept[broker]:
+                if b.base_offset != expected or not b.crc_valid:
+                    problems.append(f"replica {broker}: {b} where offset {expected} was next")
+                expected = b.last_offset + 1
+            if expected != below:
+                problems.append(f"replica {broker}: batches below {below} end at {expected}")
+        reference = kept[BROKERS[0]]
+        for broker in BROKERS[1:]:
+            if kept[broker] != reference:
+                problems.append(
+                    f"replicas {BROKERS[0]} and {broker} differ below {below}: "
+                    + _first_difference(reference, kept[broker])
+                )
+        return problems
+
+    def epochs(self, broker: int, topic: str, partition: int) -> list[int]:
+        """The distinct leader epochs of a replica's batches, in log order."""
+        out: list[int] = []
+        for b in self.stored_batches(broker, topic, partition):
+            if not out or out[-1] != b.leader_epoch:
+                out.append(b.leader_epoch)
+        return out
+
+    # -- logs ------------------------------------------------------------------------------
+    def log_size(self, node_id: int) -> int:
+        return self.spec.log_path(node_id).stat().st_size
+
+    def log_since(self, node_id: int, position: int) -> list[str]:
+        """The node's log lines written after byte ``position``."""
+        with open(self.spec.log_path(node_id), "rb") as f:
+            f.seek(position)
+            return f.read().decode(errors="replace").splitlines()
+
+    def log_excerpt(self, node_id: int, lines: int = LOG_TAIL_LINES) -> str:
+        path = self.spec.log_path(node_id)
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError as e:
+            return f"(unreadable: {e})"
+        notable = [
+            line
+            for line in text
+            if re.search(r"WARNING|ERROR|CRITICAL|Traceback|tests/replication starts", line)
+        ]
+        head = f"--- {path}: {len(notable)} warning/error lines (last 40):"
+        return "\n".join([head, *notable[-40:], f"--- last {lines} lines:", *text[-lines:]])
+
+
+def _brief(views: list[PartitionView]) -> str:
+    return "; ".join(
+        f"p{v.partition} leader {v.leader} isr {list(v.isr)}" + (f" {v.error}" if v.error else "")
+        for v in views
+    )
+
+
+def _first_difference(a: list[StoredBatch], b: list[StoredBatch]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"batch #{i}: {x} vs {y}; next {[str(s) for s in a[i : i + 3]]} vs " + str(
+                [str(s) for s in b[i : i + 3]]
+            )
+    return f"{len(a)} vs {len(b)} batches"
+
+
+# -- starting and stopping -------------------------------------------------------------------
+
+
+def with_settings(**sections: dict[str, int]) -> Callable[[F], F]:
+    """A test decorator: the cluster of ``replication_cluster`` runs with these settings
+    over ``OVERRIDES`` (section name -> key -> value)."""
+
+    def mark(test: F) -> F:
+        test.cluster_settings = sections  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def settings(overrides: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {
+        section: {**OVERRIDES.get(section, {}), **overrides.get(section, {})}
+        for section in {*OVERRIDES, *overrides}
+    }
+
+
+def _settings_toml(chosen: dict[str, dict[str, int]]) -> str:
+    lines = ["", "# tests/replication/cluster.py: short timeouts"]
+    for section, values in sorted(chosen.items()):
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {value}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def start_cluster(data_dir: Path, overrides: dict[str, dict[str, int]] | None = None) -> Cluster:
+    """A new cluster of 1 controller and 3 brokers in ``data_dir``, healthy, with the
+    settings of ``OVERRIDES`` and then of ``overrides``."""
+    spec = ClusterSpec(1, len(BROKERS), data_dir.absolute(), free_base_port(1 + len(BROKERS)))
+    spec.save()
+    spec.write_node_configs()
+    chosen = settings(overrides or {})
+    for node in spec.nodes():
+        with open(spec.config_path(node.node_id), "a") as f:
+            f.write(_settings_toml(chosen))
+    cluster = Cluster(spec, chosen)
+    try:
+        done = runnel(
+            "cluster", "up", "--once", "--data-dir", str(spec.data_dir), timeout_s=UP_TIMEOUT_S
+        )
+        assert done.returncode == 0, f"cluster up: {done.stdout}{done.stderr}"
+        assert f"bootstrap: {spec.kafka_bootstrap}" in done.stdout, done.stdout
+    except BaseException:
+        stop_cluster(cluster)
+        raise
+    cluster.started = time.monotonic()
+    cluster.note(f"cluster up in {spec.data_dir}, bootstrap {spec.kafka_bootstrap}")
+    return cluster
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    """kill -9 every process of the cluster and reap the ones started here."""
+    for pid in cluster.all_pids():
+        if process_alive(pid, str(cluster.spec.data_dir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for child in cluster.children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=EXIT_WAIT_S)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for pid in cluster.all_pids():
+        while process_alive(pid, str(cluster.spec.data_dir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def replication_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A fresh cluster per test (with the settings of its ``with_settings``, if any); on the
+    way out every process is killed, and each node's warnings and last lines are printed
+    (pytest shows them when the test failed)."""
+    overrides = getattr(request.function, "cluster_settings", None)
+    cluster = start_cluster(tmp_path / "cluster", overrides)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster)
+        print(cluster.story())
+        for node in cluster.spec.nodes():
+            print(cluster.log_excerpt(node.node_id))
