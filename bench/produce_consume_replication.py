@@ -51,6 +51,7 @@ from bench.produce_consume_replication_phases import (
 )
 from bench.produce_consume_replication_report import print_replication, replication_json
 from bench.produce_consume_report import measured_commit
+from runnel.commands import CommandError
 from runnel.config import load_config
 
 __all__ = ["replication_params", "run_replication"]
@@ -58,6 +59,8 @@ __all__ = ["replication_params", "run_replication"]
 BROKERS = 3
 CONTROLLER_ID = 1
 START_TIMEOUT_S = 120.0
+START_ATTEMPTS = 3
+PORT_CLASH = "Address already in use"
 TOPIC_TIMEOUT_S = 60.0
 RF1, RF3 = 1, 3
 ACKS_ALL = -1
@@ -121,10 +124,26 @@ def session_timeout_ms(cluster: RunnelCluster) -> int:
     return config.controller.broker_session_timeout_ms
 
 
+def start_cluster(root: Path) -> RunnelCluster:
+    """The cluster, up. Its block of ports is checked free, then the nodes bind them: on this
+    shared machine another process's connection can take one of them in between (the block
+    lies in the ephemeral port range), and the node exits. Then again on other ports."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        cluster = RunnelCluster(root / f"replication-cluster-{attempt}", BROKERS)
+        try:
+            cluster.start(START_TIMEOUT_S)
+            return cluster
+        except (RuntimeError, CommandError) as e:
+            cluster.stop()
+            if attempt == START_ATTEMPTS or PORT_CLASH not in str(e) + cluster.log_tail():
+                raise
+            step(f"a node of the cluster could not bind its port ({PORT_CLASH}); other ports")
+    raise AssertionError("unreachable")
+
+
 def run_replication(root: Path, rp: ReplicationParams) -> Replication:
-    cluster = RunnelCluster(root / "replication-cluster", BROKERS)
+    cluster = start_cluster(root)
     try:
-        cluster.start(START_TIMEOUT_S)
         create_topics(cluster, rp)
         brokers = Brokers(cluster)
         session_ms = session_timeout_ms(cluster)

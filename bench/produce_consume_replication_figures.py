@@ -127,6 +127,7 @@ class Failover:
     new_leader: int
     unavailable_s: float  # the kill to the first acks=all write acknowledged by the new leader
     fenced_after_s: float | None  # the kill to the controller's log line fencing it (None: none)
+    new_leader_named_s: float  # the kill to the first Metadata answer naming the new leader
     last_ack_before_kill_s: float  # how long before the kill the last acknowledgement came
     acked_before: int  # acknowledged writes on the old leader (this probe)
     acked_after: int  # ...and on the new one

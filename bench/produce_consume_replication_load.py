@@ -7,9 +7,10 @@ How this works.
   probe        the failover's producer: one acks=all Produce v9 (one 100-byte record, request
                timeout 5 s) every ``--interval-ms`` to the partition's leader, one in flight.
                The leader comes from a Metadata request to the first broker of ``--brokers``
-               that answers. On any error (a refused or broken connection, an error code,
-               a timeout) it waits ``--backoff-ms``, asks for metadata again and sends to
-               whichever broker it names. It prints ``ready`` at its first acknowledgement,
+               that answers (each answer's time and leader are reported too). On any
+               error (a refused or broken connection, an error code, a timeout) it waits
+               ``--backoff-ms``, asks for metadata again and sends to whichever broker it
+               names. It prints ``ready`` at its first acknowledgement,
                and stops ``--stop-after-s`` after its first acknowledgement from a broker
                other than the first leader (or at ``--max-s``). Times are CLOCK_MONOTONIC
                ns, which every process of the machine shares, so the benchmark compares them
@@ -135,6 +136,7 @@ class Probe:
         self.first_leader: int | None = None
         self.acks: list[tuple[int, int, int]] = []  # (monotonic ns, leader, base offset)
         self.errors: list[tuple[int, int, str]] = []  # (monotonic ns, leader, what)
+        self.lookups: list[tuple[int, int]] = []  # (monotonic ns, leader Metadata named)
 
     def error(self, what: str) -> None:
         self.errors.append((time.monotonic_ns(), self.leader, what))
@@ -147,6 +149,7 @@ class Probe:
         try:
             if self.conn is None:
                 self.leader, address = find_leader(self.brokers, self.topic)
+                self.lookups.append((time.monotonic_ns(), self.leader))
                 self.conn = _connect(address)
             code, offset = _send_produce(self.conn, self.topic)
         except (OSError, LoadError, ValueError) as e:
@@ -180,6 +183,7 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "acks": probe.acks,
         "errors": probe.errors,
+        "lookups": probe.lookups,
         "first_leader": probe.first_leader,
         "cpu_s": cpu_s() - cpu0,
     }

@@ -20,9 +20,11 @@ the end of the run stops every process whatever happened. Every wait is bounded.
   failover     a paced acks=all probe (``produce_consume_replication_load probe``) writes to
                the leader; after a second of acknowledged writes the leader gets SIGKILL; the
                unavailability is from the kill to the probe's first write acknowledged by the
-               new leader. The controller's "fenced brokers" log line (wall clock, ms) splits
-               it into detection and the rest. The killed broker is started again and the
-               next kill waits until it is back in the ISR.
+               new leader. The controller's "fenced brokers" log line (wall clock, ms) and
+               the probe's first Metadata answer naming the new leader split it into
+               detection, election and its propagation, and the new leader's first commit.
+               The killed broker is started again and the next kill waits until it is back
+               in the ISR.
 """
 
 from __future__ import annotations
@@ -381,11 +383,13 @@ def _failover_figures(
             f"{len(after)} by a new leader after it; errors: {_error_counts(result, 0, 2**63)}"
         )
     first_after = after[0][0]
+    named = min(int(t) for t, leader in result["lookups"] if t >= killed_ns and leader != killed)
     return Failover(
         killed,
         after[0][1],
         (first_after - killed_ns) / 1e9,
         fenced_after_s,
+        (named - killed_ns) / 1e9,
         (killed_ns - before[-1][0]) / 1e9,
         len(before),
         len(after),

@@ -67,7 +67,8 @@ def _failover_line(k: int, f: Failover) -> str:
     fenced = "-" if f.fenced_after_s is None else f"{f.fenced_after_s:.2f} s"
     return (
         f"kill {k}: leader {f.killed} -> {f.new_leader}: unavailable {f.unavailable_s:.2f} s "
-        f"(fenced by the controller after {fenced}; "
+        f"(fenced by the controller after {fenced}, Metadata named the new leader after "
+        f"{f.new_leader_named_s:.2f} s; "
         f"last ack {f.last_ack_before_kill_s * 1000:.0f} ms before the kill; meanwhile "
         f"{errors}); offsets after > before: {increase}; {f.killed} back in the ISR "
         f"{f.restart_to_isr_s:.1f} s after its restart"
@@ -155,6 +156,7 @@ def _replicated_json(r: ReplicatedRun) -> dict[str, Any]:
     out["records_per_s"] = run.records_per_s
     out["payload_mb_per_s"] = run.payload_mb_per_s
     out["wire_mb_per_s"] = run.wire_mb_per_s
+    out["records_per_broker_cpu_s"] = run.records_per_server_cpu_s  # all brokers' CPU
     return out
 
 
