@@ -107,6 +107,7 @@ class CatchUp:
     restart_to_isr_s: float  # process start to Metadata showing it in the ISR again
     leader_cpu_s: float  # during the transfer
     follower_cpu_s: float
+    other_cores: float  # the rest of the machine during the transfer (other tenants too)
     poll_interval_s: float  # how often the log sizes were read: the timing's resolution
     raw: RawCopy
 

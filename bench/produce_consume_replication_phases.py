@@ -271,7 +271,7 @@ def catch_up(brokers: Brokers, topic: str, rp: ReplicationParams, root: Path) ->
     lacked = target - brokers.log_bytes(follower, topic)
     step(f"catch-up: {produce.run.records:,} records produced; starting follower {follower}")
     started = brokers.start(follower)
-    first, done, cpu = _watch_catch_up(brokers, topic, leader, follower, target)
+    first, done, cpu, busy = _watch_catch_up(brokers, topic, leader, follower, target)
     in_isr = brokers.wait_in_isr(topic, follower)
     raw = raw_copy(brokers.log_files(leader, topic), target - lacked, root)
     if raw.bytes != lacked:
@@ -286,6 +286,7 @@ def catch_up(brokers: Brokers, topic: str, rp: ReplicationParams, root: Path) ->
         in_isr - started,
         cpu[leader],
         cpu[follower],
+        max(0.0, busy - cpu[leader] - cpu[follower]) / (done - first),
         POLL_S,
         raw,
     )
@@ -293,22 +294,24 @@ def catch_up(brokers: Brokers, topic: str, rp: ReplicationParams, root: Path) ->
 
 def _watch_catch_up(
     brokers: Brokers, topic: str, leader: int, follower: int, target: int
-) -> tuple[float, float, dict[int, float]]:
+) -> tuple[float, float, dict[int, float], float]:
     """(first growth, caught up) of the follower's log files, and each side's CPU seconds
-    between the two."""
+    and the machine's busy CPU seconds between the two."""
     initial = brokers.log_bytes(follower, topic)
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     first: float | None = None
     cpu0: dict[int, float] = {}
+    busy0 = 0.0
     while True:
         size, now = brokers.log_bytes(follower, topic), time.monotonic()
         if first is None and size > initial:
-            first = now
+            first, busy0 = now, machine_busy_s()
             pids = brokers.pids()
             cpu0 = {b: cpu_seconds(pids[b]) for b in (leader, follower)}
         if size >= target and first is not None:
             pids = brokers.pids()
-            return first, now, {b: cpu_seconds(pids[b]) - cpu0[b] for b in (leader, follower)}
+            cpu = {b: cpu_seconds(pids[b]) - cpu0[b] for b in (leader, follower)}
+            return first, now, cpu, machine_busy_s() - busy0
         if now > deadline:
             raise TimeoutError(
                 f"follower {follower}: {size:,} of {target:,} log bytes after "

@@ -54,8 +54,8 @@ def _catch_up_lines(c: CatchUp) -> list[str]:
         f"follower {c.follower} started again: first append after {c.restart_to_first_byte_s:.2f}"
         f" s; {c.bytes:,} log bytes in {seconds:.2f} s = {c.mb_per_s:,.1f} MB/s (leader "
         f"{c.leader} {c.leader_cpu_s / seconds:.2f} cores, follower "
-        f"{c.follower_cpu_s / seconds:.2f}); back in the ISR {c.restart_to_isr_s:.2f} s after "
-        f"its start",
+        f"{c.follower_cpu_s / seconds:.2f}, others {c.other_cores:.2f}); back in the ISR "
+        f"{c.restart_to_isr_s:.2f} s after its start",
         f"raw: the same bytes, sendfile over a socket into a file: {c.raw.mb_per_s:,.1f} MB/s "
         f"({c.raw.seconds:.2f} s); the catch-up is {c.ratio_to_raw:.2f} x raw",
     ]
