@@ -4,14 +4,28 @@ How this works. A leader ``Partition`` asks ``propose(partition, isr)`` when a f
 caught up (expand) or fallen behind (shrink). The proposal names the leader's broker epoch,
 the partition's leader and partition epochs, and each member's broker epoch from this
 broker's metadata image; the controller refuses it if any of these is stale or a joining
-member is fenced or shutting down, and otherwise commits it before answering. The answer's
-committed partition state is given to the partition at once (``isr_change_committed``), before
-the metadata image brings the same record; a refusal or a lost answer ends the proposal
-(``isr_change_failed``) and the partition may propose again after ``retry_backoff_ms``.
+member is fenced or shutting down, and otherwise commits it before answering.
+
+While the proposal is pending the leader's high watermark counts both the old and the new
+ISR, so what happens to an answer matters for safety (Kafka's rules):
+
+* committed: the answer's partition state is given to the partition at once
+  (``isr_change_committed``), before the metadata image brings the same record;
+* refused for good (INELIGIBLE_REPLICA, INVALID_REQUEST: checked at the epochs the leader
+  holds, nothing written): the proposal ends (``isr_change_failed``) and the partition may
+  propose again after ``retry_backoff_ms``;
+* no answer, REQUEST_TIMED_OUT, or a refusal that says this broker's view is behind
+  (INVALID_UPDATE_VERSION, FENCED_LEADER_EPOCH, STALE_BROKER_EPOCH, ...): the change may
+  have been committed, or the image has not caught up. The proposal stays pending and is
+  sent again every ``retry_backoff_ms`` (with this broker's current broker epoch) until an
+  answer or the image ends it: an image with a newer partition epoch (or another leader)
+  ends every pending proposal. Ending it on a lost answer instead would let the HW stop
+  counting a replica the controller had put into the ISR, which could then be elected
+  leader without the records the HW had committed (the replication simulation found it).
 
 A proposal is not sent (``propose`` returns False) when a member is unknown to the image, a
 joining member is fenced or in controlled shutdown (the controller would refuse it), the
-partition is resting after a failure, or ``max_in_flight`` proposals are outstanding.
+partition is resting after a refusal, or ``max_in_flight`` proposals are outstanding.
 
 Concurrency: asyncio, the broker's event loop.
 """
@@ -26,6 +40,7 @@ from typing import NamedTuple
 from controller.client import ControllerClient, ControllerUnavailable
 from controller.image import MetadataImage
 from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as mpb
 from replication.partition import Partition, PartitionKey
 
 __all__ = ["AlterPartitionSender", "CommittedPartition"]
@@ -33,6 +48,8 @@ __all__ = ["AlterPartitionSender", "CommittedPartition"]
 _log = logging.getLogger(__name__)
 
 DEFAULT_MAX_IN_FLIGHT = 1000
+# Refusals checked at the epochs the leader holds, with nothing written.
+_REFUSED_FOR_GOOD = frozenset({cpb.INELIGIBLE_REPLICA, cpb.INVALID_REQUEST})
 DEFAULT_RETRY_BACKOFF_MS = 1000
 
 
@@ -108,28 +125,42 @@ class AlterPartitionSender:
     async def _send(
         self, partition: Partition, request: cpb.AlterPartitionRequest, isr: tuple[int, ...]
     ) -> None:
-        try:
-            response = await self.controller.call("AlterPartition", request)
-        except (ControllerUnavailable, OSError) as e:
-            self._failed(partition, f"no answer: {e}")
-            return
-        error = response.header.error
-        if error != cpb.NONE:
-            self.refused += 1
-            self._failed(partition, f"{cpb.ErrorCode.Name(error)}: {response.header.message}")
-            return
-        p = response.partition
+        epoch = request.partition_epoch
+        while partition.proposal_pending(isr, epoch):
+            try:
+                response = await self.controller.call("AlterPartition", request)
+            except (ControllerUnavailable, OSError) as e:
+                why = f"no answer: {e}"
+            else:
+                error = response.header.error
+                if error == cpb.NONE:
+                    self._committed(partition, response.partition, isr)
+                    return
+                why = f"{cpb.ErrorCode.Name(error)}: {response.header.message}"
+                self.refused += 1
+                if error in _REFUSED_FOR_GOOD:
+                    self._failed(partition, why, isr, epoch)
+                    return
+            _log.info("%r: ISR change to %s pending (%s); asking again", partition, isr, why)
+            await asyncio.sleep(self.retry_backoff_ms / 1000)
+            request.broker_epoch = self.broker_epoch()
+
+    def _committed(
+        self, partition: Partition, p: mpb.PartitionRecord, isr: tuple[int, ...]
+    ) -> None:
         committed = CommittedPartition(
             tuple(p.replicas), tuple(p.isr), p.leader, p.leader_epoch, p.partition_epoch
         )
         _log.info("%r: ISR %s -> %s committed", partition, partition.isr, committed.isr)
         self._resting.pop(partition.key, None)
-        partition.isr_change_committed(committed, self.clock_ms())
+        partition.isr_change_committed(committed, self.clock_ms(), isr)
 
-    def _failed(self, partition: Partition, why: str) -> None:
-        _log.info("%r: ISR change not made: %s", partition, why)
+    def _failed(
+        self, partition: Partition, why: str, isr: tuple[int, ...], partition_epoch: int
+    ) -> None:
+        _log.info("%r: ISR change to %s refused: %s", partition, isr, why)
         self._resting[partition.key] = self.clock_ms() + self.retry_backoff_ms
-        partition.isr_change_failed()
+        partition.isr_change_failed(isr, partition_epoch)
 
     async def close(self) -> None:
         tasks = list(self._tasks)

@@ -328,10 +328,12 @@ class Partition:
             self.leader_epoch_start_offset = self.log.log_end_offset
             self._followers = IsrState.reset(new.leader, new.isr, new.replicas, now_ms)
             self._unexposed.clear()
-        elif self._followers is not None and (new.isr, new.replicas) != (
-            self.isr,
-            self.replicas,
+        elif self._followers is not None and (
+            new.partition_epoch != self.partition_epoch
+            or (new.isr, new.replicas) != (self.isr, self.replicas)
         ):
+            # A newer partition epoch is the controller's word on the ISR: it ends any
+            # proposal in flight (committed in it, or refused for naming an older epoch).
             self._followers.update_membership(new.isr, new.replicas)
         self._transition(Role.LEADER, new)
         self._after_isr_change()
@@ -557,17 +559,35 @@ class Partition:
         followers.pending = isr
         return True
 
-    def isr_change_committed(self, state: PartitionStateView, now_ms: int) -> None:
-        """The controller committed a proposed ISR (its answer, before the image has it)."""
-        if self._followers is not None:
-            self._followers.pending = None
+    def isr_change_committed(
+        self, state: PartitionStateView, now_ms: int, proposed: tuple[int, ...]
+    ) -> None:
+        """The controller's answer to the proposal of ``proposed``: the partition as it is
+        committed (applied now, before the image has it). An answer to an older proposal
+        applies too if its state is newer, and ends only the proposal it answers."""
         if state.leader == self.local_broker_id and state.leader_epoch == self.leader_epoch:
-            self.make_leader(state, now_ms=now_ms)
+            self.make_leader(state, now_ms=now_ms)  # a newer partition epoch ends the proposal
+        followers = self._followers
+        if followers is not None and followers.pending == proposed and tuple(state.isr) == self.isr:
+            followers.pending = None  # the answer of a change already made
 
-    def isr_change_failed(self) -> None:
-        """A proposal was refused or lost: the next fetch or check may propose again."""
-        if self._followers is not None:
-            self._followers.pending = None
+    def isr_change_failed(self, proposed: tuple[int, ...], partition_epoch: int) -> None:
+        """The proposal of ``proposed`` at ``partition_epoch`` was refused for good (nothing
+        was written: the controller found a member ineligible, or the request malformed):
+        the next fetch or check may propose again. Call this only when the controller is
+        known not to have committed it; a lost answer is not such a refusal."""
+        followers = self._followers
+        if (
+            followers is not None
+            and followers.pending == proposed
+            and self.partition_epoch == partition_epoch
+        ):
+            followers.pending = None
+
+    def proposal_pending(self, proposed: tuple[int, ...], partition_epoch: int) -> bool:
+        """Whether the proposal of ``proposed`` at ``partition_epoch`` still waits for an
+        answer (this replica leads, at that partition epoch, with that proposal)."""
+        return self.pending_isr == proposed and self.partition_epoch == partition_epoch
 
     @property
     def pending_isr(self) -> tuple[int, ...] | None:

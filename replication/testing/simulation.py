@@ -508,6 +508,10 @@ class Deliver:
 # Broker timers (``Timer.kind``); ``token`` tells a current timer from a stale one.
 HEARTBEAT, SHRINK, CHECKPOINT = "heartbeat", "shrink", "checkpoint"
 FETCH, FETCH_TIMEOUT, POLL_EXPIRE, ALTER_TIMEOUT = "fetch", "fetch-timeout", "poll", "alter-to"
+ALTER_RETRY = "alter-retry"
+# AlterPartition refusals that end a proposal (broker/alter_partition.py): checked at the
+# epochs the leader holds, nothing written. Any other outcome leaves it pending, sent again.
+REFUSED_FOR_GOOD = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -586,8 +590,10 @@ class SimBroker:
     mirrors: dict[int, Mirror] = field(default_factory=dict)
     fetching: dict[int, Fetching] = field(default_factory=dict)
     parked: dict[int, Msg] = field(default_factory=dict)  # long-polled fetches, by token
-    alter_in_flight: dict[int, int] = field(default_factory=dict)  # request id -> pid
+    # request id -> the proposal it carries: (pid, proposed ISR, partition epoch)
+    alter_in_flight: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     alter_rest_until: dict[int, int] = field(default_factory=dict)
+    alter_retries: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     hw_checkpoint: dict[int, int] = field(default_factory=dict)  # "on disk": kept on crash
     leader_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, epoch) -> HW
 
@@ -599,6 +605,7 @@ class SimBroker:
             table.clear()
         self.alter_in_flight.clear()
         self.alter_rest_until.clear()
+        self.alter_retries.clear()
         self.leader_hw.clear()
 
 
@@ -987,7 +994,9 @@ class Simulation:
             if parked is not None and isinstance(parked.payload, FetchReq):
                 self._serve_fetch(broker, parked, parked.payload, may_park=False)
         elif timer.kind == ALTER_TIMEOUT:
-            self._alter_failed(broker, timer.token, "no answer")
+            self._alter_unanswered(broker, timer.token, "no answer")
+        elif timer.kind == ALTER_RETRY:
+            self._alter_again(broker, timer.pid, timer.token)
 
     def _heartbeat(self, broker: SimBroker) -> None:
         if broker.broker_epoch < 0:
@@ -1157,48 +1166,88 @@ class Simulation:
     # -- a broker: ISR changes -------------------------------------------------------------
     def _propose_isr(self, broker: SimBroker, partition: Partition, isr: tuple[int, ...]) -> bool:
         """broker/alter_partition.py ``propose``: members' broker epochs from this broker's
-        image; not sent while resting after a failure, or with a joining member fenced."""
+        image; not sent while resting after a refusal, or with a joining member fenced."""
         pid, view = partition.partition_id, broker.view
         if view is None or broker.alter_rest_until.get(pid, 0) > self.now:
             return False
+        if self._alter_members(broker, partition, isr) is None:
+            return False
+        self._send_alter(broker, partition, isr, partition.partition_epoch)
+        return True
+
+    def _alter_members(
+        self, broker: SimBroker, partition: Partition, isr: tuple[int, ...]
+    ) -> tuple[tuple[int, int], ...] | None:
+        view = broker.view
+        if view is None:
+            return None
         members = []
         for member in isr:
             reg = view.brokers.get(member)
             if reg is None or (reg.fenced and member not in partition.isr):
-                return False
+                return None
             members.append((member, reg.epoch))
+        return tuple(members)
+
+    def _send_alter(
+        self, broker: SimBroker, partition: Partition, isr: tuple[int, ...], epoch: int
+    ) -> None:
+        """Send the proposal of ``isr`` at partition epoch ``epoch`` (again, on a retry: with
+        the broker's current broker epoch and members' epochs, as the sender does)."""
+        pid = partition.partition_id
+        members = self._alter_members(broker, partition, isr)
+        if members is None:  # a member left this broker's image: ask with the old epochs
+            members = tuple((m, -1) for m in isr)
         req_id = self._next_id()
-        broker.alter_in_flight[req_id] = pid
-        request = AlterReq(
-            pid,
-            broker.broker_id,
-            broker.broker_epoch,
-            partition.leader_epoch,
-            partition.partition_epoch,
-            tuple(members),
-            req_id,
-        )
+        broker.alter_in_flight[req_id] = (pid, isr, epoch)
+        leader = (broker.broker_id, broker.broker_epoch, partition.leader_epoch)
+        request = AlterReq(pid, *leader, epoch, members, req_id)
         self._send_from(broker, CONTROLLER, request)
         self._timer(broker, self.now + self.config.request_timeout_ms, ALTER_TIMEOUT, pid, req_id)
         self._note(f"b{broker.broker_id}", f"p{pid} proposes ISR {isr} (#{req_id})")
-        return True
 
     def _on_alter_answer(self, broker: SimBroker, answer: AlterResp) -> None:
-        if answer.error:
-            self._alter_failed(broker, answer.req_id, answer.error)
+        proposal = broker.alter_in_flight.pop(answer.req_id, None)
+        if proposal is None:
+            return  # timed out already: the retry carries on
+        pid, isr, epoch = proposal
+        partition = broker.partitions.get(pid)
+        if partition is None:
             return
-        pid = broker.alter_in_flight.pop(answer.req_id, None)
-        if pid is not None:
+        if not answer.error:
             broker.alter_rest_until.pop(pid, None)
-            broker.partitions[pid].isr_change_committed(answer.state, self.now)
+            partition.isr_change_committed(answer.state, self.now, isr)
+        elif answer.error in REFUSED_FOR_GOOD:
+            self._note(f"b{broker.broker_id}", f"p{pid} ISR change #{answer.req_id} refused: "
+                       f"{answer.error}")  # fmt: skip
+            broker.alter_rest_until[pid] = self.now + self.config.alter_retry_backoff_ms
+            partition.isr_change_failed(isr, epoch)
+        else:
+            self._retry_alter(broker, pid, answer.req_id, isr, epoch, answer.error)
 
-    def _alter_failed(self, broker: SimBroker, req_id: int, why: str) -> None:
-        pid = broker.alter_in_flight.pop(req_id, None)
-        if pid is None:
+    def _alter_unanswered(self, broker: SimBroker, req_id: int, why: str) -> None:
+        proposal = broker.alter_in_flight.pop(req_id, None)
+        if proposal is not None:
+            pid, isr, epoch = proposal
+            self._retry_alter(broker, pid, req_id, isr, epoch, why)
+
+    def _retry_alter(
+        self, broker: SimBroker, pid: int, req_id: int, isr: tuple[int, ...], epoch: int, why: str
+    ) -> None:
+        """The change may be committed, or this broker's image is behind: the proposal stays
+        pending and is sent again after the backoff, unless the image has ended it."""
+        self._note(f"b{broker.broker_id}", f"p{pid} ISR change #{req_id} pending ({why})")
+        broker.alter_retries[req_id] = (pid, isr, epoch)
+        self._timer(broker, self.now + self.config.alter_retry_backoff_ms, ALTER_RETRY, pid, req_id)
+
+    def _alter_again(self, broker: SimBroker, pid: int, req_id: int) -> None:
+        proposal = broker.alter_retries.pop(req_id, None)
+        partition = broker.partitions.get(pid)
+        if proposal is None or partition is None:
             return
-        self._note(f"b{broker.broker_id}", f"p{pid} ISR change #{req_id} failed: {why}")
-        broker.alter_rest_until[pid] = self.now + self.config.alter_retry_backoff_ms
-        broker.partitions[pid].isr_change_failed()
+        _, isr, epoch = proposal
+        if partition.proposal_pending(isr, epoch):
+            self._send_alter(broker, partition, isr, epoch)
 
     # -- a broker: its process -------------------------------------------------------------
     def _open(self, broker: SimBroker) -> None:

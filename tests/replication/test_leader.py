@@ -160,12 +160,35 @@ def test_a_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader: 
     assert p.maybe_shrink_isr(now_ms=LAG_MS + 1) == (3,)
     assert leader.proposals == [(ME, 2)] and p.pending_isr == (ME, 2)
     assert p.maybe_shrink_isr(now_ms=LAG_MS + 2) == ()  # one proposal in flight at a time
-    p.isr_change_committed(state(isr=(ME, 2), partition_epoch=11), now_ms=LAG_MS + 3)
+    p.isr_change_committed(state(isr=(ME, 2), partition_epoch=11), LAG_MS + 3, (ME, 2))
     assert p.isr == (ME, 2) and p.pending_isr is None and p.high_watermark == 1
     leader.fetch(3, 1, now_ms=LAG_MS + 4)  # caught up to the HW and the epoch start
     assert leader.proposals[-1] == (ME, 2, 3) and p.pending_isr == (ME, 2, 3)
-    p.isr_change_failed()  # refused: nothing changes, a later fetch may propose again
+    p.isr_change_failed((ME, 2), 11)  # another proposal's refusal: this one stays
+    assert p.pending_isr == (ME, 2, 3)
+    p.isr_change_failed((ME, 2, 3), 10)  # refused at an older partition epoch: stays too
+    assert p.pending_isr == (ME, 2, 3)
+    p.isr_change_failed((ME, 2, 3), 11)  # refused for good: a later fetch may propose again
     assert p.isr == (ME, 2) and p.pending_isr is None
+
+
+def test_a_pending_proposal_ends_only_by_its_answer_or_a_newer_partition_epoch(
+    leader: Leader,
+) -> None:
+    p = leader.partition
+    leader.append(b"a")
+    leader.fetch(2, 1, now_ms=LAG_MS + 1)
+    assert p.maybe_shrink_isr(now_ms=LAG_MS + 1) == (3,)
+    # The answer is lost: the controller may have committed (ME, 2). Until it is known, the
+    # HW still counts 3 (the maximal ISR), so nothing commits without it.
+    assert p.pending_isr == (ME, 2) and p.high_watermark == 0
+    assert p.proposal_pending((ME, 2), 10)
+    # An image at a newer partition epoch is the controller's word, even with the same ISR.
+    p.make_leader(state(partition_epoch=11), now_ms=LAG_MS + 2)
+    assert p.pending_isr is None and not p.proposal_pending((ME, 2), 10)
+    # A late answer to that proposal still applies what it committed, if newer.
+    p.isr_change_committed(state(isr=(ME, 2), partition_epoch=12), LAG_MS + 3, (ME, 2))
+    assert p.isr == (ME, 2) and p.partition_epoch == 12 and p.high_watermark == 1
 
 
 def test_a_refused_send_leaves_no_pending_change(tmp_path: Path) -> None:
