@@ -13,10 +13,10 @@ skips recovery next time). Log retention and compaction run in the background ev
 Replication: the replica manager tells the ``ReplicaFetcherManager`` which partitions follow
 which leader (each leader's Kafka listener, named like this broker's, is in the image), and
 leaders send their ISR proposals through the ``AlterPartitionSender``. Two periodic duties
-run on the event loop: the ISR shrink check every half ``replica_lag_time_max_ms``, and the
-high-watermark checkpoint every ``replica_high_watermark_checkpoint_interval_ms`` (a few
-small files; after a crash a follower's log is never truncated to it, only its start offset
-for consumers comes from it).
+run: the ISR shrink check every half ``replica_lag_time_max_ms`` on the event loop, and the
+high-watermark checkpoint every ``replica_high_watermark_checkpoint_interval_ms`` in a worker
+thread (a few small files, fsynced; after a crash a follower's log is never truncated to it,
+only where consumers may read comes from it).
 """
 
 from __future__ import annotations
@@ -143,9 +143,8 @@ class KafkaBroker:
                 name="isr-shrink",
             ),
             loop.create_task(
-                self._every(
-                    replication.replica_high_watermark_checkpoint_interval_ms,
-                    self._checkpoint_high_watermarks,
+                self._checkpoint_high_watermarks(
+                    replication.replica_high_watermark_checkpoint_interval_ms
                 ),
                 name="hw-checkpoint",
             ),
@@ -184,10 +183,14 @@ class KafkaBroker:
             except Exception:  # a bug: logged, and the duty goes on
                 _log.exception("periodic duty %s failed", duty)
 
-    def _checkpoint_high_watermarks(self) -> None:
-        for data_dir in self.logs.data_dirs:
-            if data_dir not in self.logs.offline_dirs:
-                self.logs.checkpoint(data_dir)
+    async def _checkpoint_high_watermarks(self, interval_ms: int) -> None:
+        """The checkpoint files in a worker thread (their fsyncs block); ``LogManager``
+        serialises them with the maintenance thread's."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            for data_dir in self.logs.data_dirs:
+                if data_dir not in self.logs.offline_dirs:
+                    await asyncio.to_thread(self.logs.checkpoint, data_dir)
 
     async def stop(self) -> None:
         await self.server.close()

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -69,6 +70,9 @@ class LogManager:
         # Where each compacted log's last cleaning pass ended (in memory: after a restart the
         # first pass treats the whole log as dirty).
         self._clean_end: dict[TopicPartition, int] = {}
+        # Checkpoints are written from the maintenance thread and the broker's event loop
+        # (high watermarks every few seconds); each file goes through one temp name.
+        self._checkpoint_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
@@ -222,8 +226,14 @@ class LogManager:
             self._clean_end[tp] = stats.clean_end_offset
 
     def checkpoint(self, data_dir: Path, *, include_closed: bool = False) -> None:
-        """Write the three offset checkpoints of ``data_dir``."""
-        logs = {tp: log for tp, log in self._logs.items() if self._log_dir[tp] == data_dir}
+        """Write the three offset checkpoints of ``data_dir``. Thread-safe: one writer at a
+        time (each file is written to the same temp name, then renamed)."""
+        with self._checkpoint_lock:
+            self._checkpoint(data_dir, include_closed)
+
+    def _checkpoint(self, data_dir: Path, include_closed: bool) -> None:
+        held = list(self._logs.items())  # one C-level copy: the event loop may add logs
+        logs = {tp: log for tp, log in held if self._log_dir.get(tp) == data_dir}
         if not include_closed:
             logs = {tp: log for tp, log in logs.items() if not log.offline}
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -190,4 +191,30 @@ def test_the_periodic_pass_flushes_after_flush_ms(tmp_path: Path) -> None:
     asyncio.run(main())
     assert log.recovery_point == 2
     assert log.flush_count >= 1
+    manager.shutdown()
+
+
+def test_checkpoints_written_from_two_threads_at_once_keep_the_dir_online(
+    tmp_path: Path,
+) -> None:
+    """The broker writes high-watermark checkpoints on its event loop while the maintenance
+    thread writes them too; both go through the same temp file names."""
+    manager = LogManager([tmp_path / "d0"], LogConfig(), clock=FakeClock())
+    manager.startup()
+    for p in range(20):
+        manager.get_or_create_log(TopicPartition("t", p)).append_as_leader(make_batch([b"x"]), 0)
+    data_dir = tmp_path / "d0"
+
+    def write_many() -> None:
+        for _ in range(50):
+            manager.checkpoint(data_dir)
+
+    threads = [threading.Thread(target=write_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert manager.offline_dirs == {}
+    written = OffsetCheckpointFile(data_dir / "replication-offset-checkpoint").read()
+    assert len(written) == 20
     manager.shutdown()
