@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -64,6 +65,7 @@ MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
 _SIZE = struct.Struct(">i")
+_READ_LIMIT_BYTES = 1 << 20  # the stream's buffer: big reads of big answers
 _RESTING_ERRORS = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -103,7 +105,10 @@ class _Connection:
     @classmethod
     async def open(cls, host: str, port: int) -> _Connection:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT_BYTES)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # small requests: never wait for Nagle
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(reader, writer)
 
     async def request(

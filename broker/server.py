@@ -263,11 +263,15 @@ class _Connection:
         except Exception as exc:
             self._fail(exc)
             return
-        # Once per loop turn, not per answer: acks=-1 produces that one follower fetch
-        # commits complete together, and leave in one sendmsg instead of one each.
-        if not self._pump_soon:
+        if self._pump_soon:
+            return
+        if any(f.done() for f in self.pending):
+            # More answers are done in this loop turn (acks=-1 produces that one follower
+            # fetch commits): send them together, in one sendmsg, at the next turn.
             self._pump_soon = True
             self._loop.call_soon(self._pump_later)
+            return
+        self._pump()
 
     def _pump_later(self) -> None:
         self._pump_soon = False

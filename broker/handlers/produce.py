@@ -128,37 +128,59 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     return body
 
 
+class _Commits:
+    """The outcomes of one request's waiting appends, and one future set when the last is
+    known: the request resumes one loop turn after its last commit (no ``asyncio.wait``
+    machinery on the acks=-1 critical path)."""
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.outcomes: list[ReplicationError | _Unknown | None] = [_UNKNOWN] * count
+        self.left = count
+        self.all_known: asyncio.Future[None] = loop.create_future()
+
+    def settle(self, index: int, error: ReplicationError | None) -> None:
+        if self.outcomes[index] is _UNKNOWN:
+            self.outcomes[index] = error
+            self.left -= 1
+            if self.left == 0:
+                self.time_out()
+
+    def time_out(self) -> None:
+        if not self.all_known.done():
+            self.all_known.set_result(None)
+
+
+class _Unknown:
+    """Not committed, failed or timed out yet."""
+
+
+_UNKNOWN = _Unknown()
+
+
 async def _committed(
     body: dict[str, Any], waiting: list[_Waiting], timeout_ms: int, version: int
 ) -> dict[str, Any]:
     """``body`` once every waiting append is committed, failed or timed out."""
     loop = asyncio.get_running_loop()
-    futures: list[asyncio.Future[ReplicationError | None]] = []
-    for partition, info, _ in waiting:
-        future: asyncio.Future[ReplicationError | None] = loop.create_future()
-        partition.await_commit(info, functools.partial(_settle, future))
-        futures.append(future)
-    if not all(f.done() for f in futures):
-        await asyncio.wait(futures, timeout=timeout_ms / 1000)
-    for future, (_, _, result) in zip(futures, waiting, strict=True):
-        if not future.done():
-            future.cancel()
+    commits = _Commits(len(waiting), loop)
+    for index, (partition, info, _) in enumerate(waiting):
+        partition.await_commit(info, functools.partial(commits.settle, index))
+    if commits.left:
+        timer = loop.call_later(timeout_ms / 1000, commits.time_out)
+        try:
+            await commits.all_known
+        finally:
+            timer.cancel()
+    for outcome, (_, _, result) in zip(commits.outcomes, waiting, strict=True):
+        if isinstance(outcome, _Unknown):
             failure = _failed(result["index"], ErrorCode.REQUEST_TIMED_OUT, _TIMED_OUT)
-        elif (error := future.result()) is not None:
-            failure = _failed(result["index"], _code_for(error, version), str(error))
+        elif outcome is not None:
+            failure = _failed(result["index"], _code_for(outcome, version), str(outcome))
         else:
             continue
         result.clear()
         result.update(failure)
     return body
-
-
-_Outcome = asyncio.Future[ReplicationError | None]
-
-
-def _settle(future: _Outcome, error: ReplicationError | None) -> None:
-    if not future.done():
-        future.set_result(error)
 
 
 def init_producer_id(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
