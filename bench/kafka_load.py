@@ -36,6 +36,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -215,8 +216,11 @@ class ProduceTemplate:
         return _HEAD.pack(size, ApiKey.PRODUCE, PRODUCE_VERSION, correlation_id)
 
 
-def produce_value(topic: str, partitions: int, batch: bytes, acks: int = ACKS) -> dict[str, Any]:
-    data = [{"index": p, "records": batch} for p in range(partitions)]
+def produce_value(
+    topic: str, partitions: int | Sequence[int], batch: bytes, acks: int = ACKS
+) -> dict[str, Any]:
+    ids = range(partitions) if isinstance(partitions, int) else partitions
+    data = [{"index": p, "records": batch} for p in ids]
     return {
         "transactional_id": None,
         "acks": acks,
@@ -226,13 +230,14 @@ def produce_value(topic: str, partitions: int, batch: bytes, acks: int = ACKS) -
 
 
 def produce_template(
-    topic: str, partitions: int, batch_bytes: int, acks: int = ACKS
+    topic: str, partitions: int | Sequence[int], batch_bytes: int, acks: int = ACKS
 ) -> ProduceTemplate:
     batch, records = build_fill_batch(batch_bytes, int(time.time() * 1000))
     value = produce_value(topic, partitions, batch, acks)
     parts = encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, 0, CLIENT_ID, value)
     frame = b"".join(byte_parts(parts))
-    return ProduceTemplate(frame[_HEAD.size :], records * partitions, len(batch))
+    count = partitions if isinstance(partitions, int) else len(partitions)
+    return ProduceTemplate(frame[_HEAD.size :], records * count, len(batch))
 
 
 def fetch_request(
@@ -284,36 +289,87 @@ def cpu_s() -> float:
 
 
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
+    """Every partition's batch in one request to the bootstrap broker; with ``--route``, a
+    connection per partition leader (each with ``in_flight`` requests outstanding, in a
+    thread of its own) carrying its partitions' batches, as a Kafka producer does."""
     conn = Connection.connect(args.bootstrap)
-    partitions = len(partition_leaders(conn, args.topic))
-    template = produce_template(args.topic, partitions, args.batch_bytes, args.acks)
-    body = memoryview(template.body)
-    target = -(-args.records // template.records)  # requests
+    leaders = partition_leaders(conn, args.topic)
+    if args.route:
+        addresses = broker_addresses(conn)
+        conn.close()
+        shares = [
+            (addresses[leader], sorted(p for p, lead in leaders.items() if lead == leader))
+            for leader in sorted(set(leaders.values()))
+        ]
+    else:
+        shares = [(args.bootstrap, sorted(leaders))]
+    templates = [
+        produce_template(args.topic, ids, args.batch_bytes, args.acks) for _, ids in shares
+    ]
+    per_request = sum(t.records for t in templates)
+    target = -(-args.records // per_request)  # requests on each connection
+    conns = [conn] if not args.route else [Connection.connect(a) for a, _ in shares]
+    results: list[tuple[int, int]] = [(0, 0)] * len(conns)  # (requests acked, wire bytes)
+    errors: list[BaseException] = []
     print("ready", flush=True)
-    sent = acked = 0
     cpu0, start = cpu_s(), time.perf_counter()
     deadline = start + args.max_s
+
+    def one(i: int) -> None:
+        try:
+            acked = _produce_on(conns[i], templates[i], target, args.in_flight, deadline)
+            results[i] = (acked, acked * templates[i].wire_bytes)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(conns))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - start
+    cpu = cpu_s() - cpu0
+    for c in conns:
+        c.close()
+    if errors:
+        raise LoadError(f"produce failed: {errors[0]!r}")
+    return {
+        "records": sum(acked * t.records for (acked, _), t in zip(results, templates, strict=True)),
+        "requests": sum(acked for acked, _ in results),
+        "wire_bytes": sum(wire for _, wire in results),
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "records_per_request": templates[0].records,
+        "batch_bytes": templates[0].batch_bytes,
+        "partitions": len(leaders),
+        "connections": len(conns),
+    }
+
+
+def _produce_on(
+    conn: Connection, template: ProduceTemplate, target: int, in_flight: int, deadline: float
+) -> int:
+    """Send ``template`` ``target`` times with ``in_flight`` outstanding (fewer if the
+    deadline passes first); the number of requests acknowledged."""
+    body = memoryview(template.body)
+    sent = acked = 0
     while acked < target:
-        while sent < target and sent - acked < args.in_flight:
+        while sent < target and sent - acked < in_flight:
             conn.send((template.head(sent), body))
             sent += 1
         check_produce(conn.read_frame(), acked)
         acked += 1
         if time.perf_counter() > deadline:
             target = sent  # stop sending; collect what is in flight
-    seconds = time.perf_counter() - start
-    cpu = cpu_s() - cpu0
-    conn.close()
-    return {
-        "records": acked * template.records,
-        "requests": acked,
-        "wire_bytes": acked * template.wire_bytes,
-        "seconds": seconds,
-        "cpu_s": cpu,
-        "records_per_request": template.records,
-        "batch_bytes": template.batch_bytes,
-        "partitions": partitions,
-    }
+    return acked
+
+
+def broker_addresses(conn: Connection) -> dict[int, str]:
+    """Broker id -> host:port, from a Metadata request."""
+    response = conn.call(
+        ApiKey.METADATA, METADATA_VERSION, {"topics": [], "allow_auto_topic_creation": False}
+    )
+    return {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}
 
 
 def check_produce(frame: bytes, expected_id: int) -> None:
@@ -580,6 +636,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-bytes", type=int, default=16_384)
     parser.add_argument("--in-flight", type=int, default=5)
     parser.add_argument("--acks", type=int, choices=(-1, 1), default=ACKS)
+    parser.add_argument(
+        "--route", action="store_true", help="produce: a connection per partition leader"
+    )
     parser.add_argument("--partition-max-bytes", type=int, default=1_048_576)
     parser.add_argument("--max-wait-ms", type=int, default=500)
     parser.add_argument("--rate", type=float, default=10_000.0)

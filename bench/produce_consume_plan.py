@@ -206,6 +206,6 @@ def run(root: Path, params: Params) -> Results:
     if params.replication:
         rp = replication_params(
             params.quick, params.rounds, params.records, params.batch_bytes, params.in_flight
-        )
+        )  # the rounds' topics have the 2014 test's six partitions, whatever --partitions says
         replication = run_replication(root, rp)
     return Results(floor, e2e, tuple(rounds), tuple(client_runs), tuple(sweep_runs), replication)

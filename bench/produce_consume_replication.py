@@ -3,17 +3,22 @@ brokers, replication factor 3, 100-byte records, acks=1 and acks=all), a followe
 after a restart, and the unavailability after kill -9 of a leader.
 
 How this works. One cluster of 1 controller + 3 brokers (``runnel cluster up``'s processes,
-default settings) for all of it; every topic has one partition and the load goes to its
-leader. In order (``produce_consume_replication_phases.py`` has each kind of run):
+default settings) for all of it. In order (``produce_consume_replication_phases.py`` has
+each kind of run):
 
-  rounds     ``rounds`` times: the raw-protocol generator (16 KiB batches, 5 in flight) into
-             a replication-factor-1 topic with acks=1 (the baseline), into a replication-
+  rounds     ``rounds`` times: the raw-protocol generator (16 KiB batches) into a
+             replication-factor-1 topic with acks=1 (the baseline), into a replication-
              factor-3 topic with acks=1, and into another with acks=all, ``max_s`` each, a
-             fresh topic per run. ``rf3_ratio_to_rf1`` is each round's acks=all records/s
-             over its replication-factor-1 records/s, the median over the rounds.
-  catch-up   a follower of a replication-factor-3 topic is stopped, ``catch_up_bytes`` are
-             produced with acks=1, the follower is started again; MB/s of its copy, with the
-             raw baseline (the same bytes over a plain socket with sendfile into a file).
+             fresh topic per run. The topics have six partitions, as the 2014 test's, whose
+             leaders the controller spreads over the three brokers; the generator sends each
+             partition's batches to its leader, a connection per leader with 5 requests in
+             flight (``--partitions 1``: one partition, one leader, one connection).
+             ``rf3_ratio_to_rf1`` is each round's acks=all records/s over its
+             replication-factor-1 records/s, the median over the rounds.
+  catch-up   a follower of a one-partition replication-factor-3 topic is stopped,
+             ``catch_up_bytes`` are produced with acks=1, the follower is started again;
+             MB/s of its copy, with the raw baseline (the same bytes over a plain socket
+             with sendfile into a file).
   failover   ``kills`` times: kill -9 of the leader of a replication-factor-3 topic with
              min.insync.replicas 2 under a paced acks=all producer; seconds from the kill to
              the first write the new leader acknowledges, against the cluster's
@@ -68,10 +73,19 @@ CATCH_UP_TOPIC = "bench-rf3-catch-up"
 FAILOVER_TOPIC = "bench-rf3-failover"
 
 
+KAFKA_2014_PARTITIONS = 6  # the 2014 test's topic
+
+
 def replication_params(
-    quick: bool, rounds: int, records: int, batch_bytes: int, in_flight: int
+    quick: bool,
+    rounds: int,
+    records: int,
+    batch_bytes: int,
+    in_flight: int,
+    partitions: int = KAFKA_2014_PARTITIONS,
 ) -> ReplicationParams:
     return ReplicationParams(
+        partitions=partitions,
         rounds=rounds,
         max_s=3.0 if quick else 15.0,
         records=records,
@@ -96,8 +110,8 @@ def round_topics(i: int) -> tuple[str, str, str]:
 
 def create_topics(cluster: RunnelCluster, rp: ReplicationParams) -> None:
     topics = [round_topics(i) for i in range(rp.rounds)]
-    cluster.create_topics({t[0]: 1 for t in topics}, TOPIC_TIMEOUT_S)
-    rf3 = {name: 1 for t in topics for name in t[1:]}
+    cluster.create_topics({t[0]: rp.partitions for t in topics}, TOPIC_TIMEOUT_S)
+    rf3 = {name: rp.partitions for t in topics for name in t[1:]}
     rf3[CATCH_UP_TOPIC] = 1
     cluster.create_topics(rf3, TOPIC_TIMEOUT_S, RF3)
     configs = {"min.insync.replicas": str(rp.min_insync_replicas)}
@@ -179,9 +193,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dir", type=Path, default=REPO / "data")
     parser.add_argument("--rounds", type=int)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=KAFKA_2014_PARTITIONS,
+        help="of the rounds' topics (6, the 2014 test's; their leaders spread over the brokers)",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
-    rp = replication_params(args.quick, rounds, 50_000_000, JAVA_BATCH_BYTES, 5)
+    rp = replication_params(args.quick, rounds, 50_000_000, JAVA_BATCH_BYTES, 5, args.partitions)
     load, commit = os.getloadavg()[0], measured_commit()
     started = time.perf_counter()
     with work_dir(args.dir, "bench-replication-") as root:

@@ -46,11 +46,13 @@ class ReplicationParams:
     probe_interval_ms: float  # the failover probe's pace: one acks=all request per interval
     probe_backoff_ms: float  # after an error, before the probe asks for metadata again
     min_insync_replicas: int  # the failover topic's min.insync.replicas
+    partitions: int = 6  # the rounds' topics: the 2014 test's six partitions
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicatedRun:
-    """A produce run into a one-partition topic, sent to its leader."""
+    """A produce run into a topic of ``ReplicationParams.partitions`` partitions, each
+    partition's batches sent to its leader (a connection per leader, as a Kafka producer)."""
 
     run: Run  # server CPU: the three brokers together
     topic: str

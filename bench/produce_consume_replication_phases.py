@@ -1,13 +1,14 @@
 """The measurements of bench.produce_consume's replication runs, on a cluster of 1 controller
 and 3 brokers (``produce_consume_cluster.RunnelCluster``), one function per kind of run.
 
-How this works. Every topic has one partition and every load goes to its leader, found with
+How this works. Every load goes to the partitions' leaders, found with
 a Metadata request. Nothing is pinned: the three brokers, the controller and the load share
 the machine's CPUs as the scheduler places them (pinned, the three brokers would share one
 core). A broker is stopped, killed and started again through the cluster's supervisor, so
 the end of the run stops every process whatever happened. Every wait is bounded.
 
-  produce_run  ``kafka_load produce`` (acks 1 or -1) into the topic's leader; the CPU of each
+  produce_run  ``kafka_load produce --route`` (acks 1 or -1) into the partitions' leaders
+               (the "leader" column: partition 0's); the CPU of each
                broker is read from /proc around the run.
   catch_up     a follower is stopped (SIGTERM: a controlled shutdown), ``catch_up_bytes`` of
                records are produced with acks=1, the other follower is let catch up, then the
@@ -103,15 +104,15 @@ class Brokers:
         return out
 
     def state(self, topic: str) -> PartitionState | None:
-        """The partition as the first running broker that answers sees it."""
+        """Partition 0 as the first running broker that answers sees it (the others are
+        ready too by then: topics are created with every ISR full)."""
         for broker in self.pids():
             try:
                 conn = Connection.connect(self.cluster.address(broker))
             except OSError:
                 continue
             try:
-                (found,) = partition_states(conn, topic)
-                return found
+                return min(partition_states(conn, topic))
             except (OSError, LoadError, ValueError):
                 continue
             finally:
@@ -217,6 +218,7 @@ def produce_run(
     max_s = rp.max_s if max_s is None else max_s
     state = brokers.led(topic, replication_factor if isr_size is None else isr_size)
     args = ["produce", "--bootstrap", brokers.cluster.address(state.leader), "--topic", topic]
+    args += ["--route"]  # each partition's batches to its leader
     args += ["--records", str(records), "--max-s", str(max_s), "--acks", str(acks)]
     args += ["--in-flight", str(rp.in_flight), "--batch-bytes", str(rp.batch_bytes)]
     proc = Proc(label, LOAD, args, None)

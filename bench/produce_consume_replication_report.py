@@ -79,9 +79,9 @@ def print_replication(rep: Replication) -> None:
     p = rep.params
     print()
     print(
-        f"Replication: 1 controller + 3 brokers, one partition per topic, 100-byte records, "
-        f"{p.batch_bytes:,} B batches, {p.in_flight} in flight, raw-protocol generator to the "
-        f"leader, nothing pinned"
+        f"Replication: 1 controller + 3 brokers, rounds' topics of {p.partitions} partition(s), "
+        f"100-byte records, {p.batch_bytes:,} B batches, {p.in_flight} in flight per leader "
+        f"connection, raw-protocol generator to the leaders, nothing pinned"
     )
     print(
         f"{'run':<{LABEL_WIDTH}} {'leader':>6} {'records/s':>11} {'MB/s':>7} {'gen':>5}  "
