@@ -523,20 +523,42 @@ class Partition:
                 f"broker {replica_id} is not a follower of {self.topic}-{self.partition_id} "
                 f"(replicas {self.replicas})"
             )
-        if last_fetched_epoch >= 0:
+        log = self.log
+        log_end = log.log_end_offset
+        # The last fetched epoch is the latest here and the follower is not past our end:
+        # that epoch ends at our log end, so nothing diverges (the common case, cheaply).
+        latest = log.epoch_cache.latest_epoch
+        if last_fetched_epoch >= 0 and not (
+            last_fetched_epoch == latest and fetch_offset <= log_end
+        ):
             epoch, end = self.end_offset_for_epoch(last_fetched_epoch)
             if epoch < last_fetched_epoch or end < fetch_offset:
                 return FollowerRead(None, (epoch, end))
-        try:
-            data = self.log.read(
-                fetch_offset, max_bytes, isolation=Isolation.LOG_END, min_one_batch=min_one_batch
+        if fetch_offset == log_end and log.log_start_offset <= fetch_offset:
+            # Caught up: nothing to read (most partitions of most fetches).
+            hw, start = log.high_watermark, log.log_start_offset
+            data = FetchData(None, fetch_offset, hw, start, log_end)
+        else:
+            try:
+                data = log.read(
+                    fetch_offset,
+                    max_bytes,
+                    isolation=Isolation.LOG_END,
+                    min_one_batch=min_one_batch,
+                )
+            except StorageError as e:
+                raise from_storage_error(e) from e
+        state = followers.followers[replica_id]
+        moved = state.log_end_offset != fetch_offset
+        followers.follower_fetched(replica_id, fetch_offset, log_end, now_ms)
+        if moved:  # the HW depends on the followers' positions only
+            self._maybe_advance_high_watermark()
+        if (
+            replica_id not in self.isr  # joining is checked at every fetch: the HW may have
+            and followers.pending is None  # reached this follower meanwhile, or a refused
+            and followers.ready_to_join(  # proposal may be due again
+                replica_id, self.high_watermark, self.leader_epoch_start_offset or 0
             )
-        except StorageError as e:
-            raise from_storage_error(e) from e
-        followers.follower_fetched(replica_id, fetch_offset, self.log.log_end_offset, now_ms)
-        self._maybe_advance_high_watermark()
-        if followers.pending is None and followers.ready_to_join(
-            replica_id, self.high_watermark, self.leader_epoch_start_offset or 0
         ):
             self._propose_isr((*self.isr, replica_id))
         return FollowerRead(data, None)
@@ -570,6 +592,7 @@ class Partition:
         followers = self._followers
         if followers is not None and followers.pending == proposed and tuple(state.isr) == self.isr:
             followers.pending = None  # the answer of a change already made
+            self._maybe_advance_high_watermark()
 
     def isr_change_failed(self, proposed: tuple[int, ...], partition_epoch: int) -> None:
         """The proposal of ``proposed`` at ``partition_epoch`` was refused for good (nothing
@@ -583,6 +606,7 @@ class Partition:
             and self.partition_epoch == partition_epoch
         ):
             followers.pending = None
+            self._maybe_advance_high_watermark()  # a joiner no longer holds the HW back
 
     def proposal_pending(self, proposed: tuple[int, ...], partition_epoch: int) -> bool:
         """Whether the proposal of ``proposed`` at ``partition_epoch`` still waits for an
