@@ -27,6 +27,7 @@ __all__ = ["PartitionState", "RunnelCluster", "partition_states"]
 
 POLL_INTERVAL_S = 0.2
 CREATE_TOPICS_VERSION = 7
+DELETE_TOPICS_VERSION = 5  # names, not ids
 LOG_TAIL_BYTES = 3000
 BROKER_ID = 101
 
@@ -99,6 +100,19 @@ class RunnelCluster:
         died = self.supervisor.poll()  # restarts are off: only deaths
         if died:
             raise RuntimeError("; ".join(line for _, line in died) + "\n" + self.log_tail())
+
+    def delete_topics(self, names: list[str], timeout_s: float) -> None:
+        """Delete ``names`` with one Kafka DeleteTopics request (answered once committed and
+        seen by the broker asked)."""
+        request = {"topic_names": names, "timeout_ms": int(timeout_s * 1000)}
+        conn = Connection.connect(self.bootstrap)
+        try:
+            response = conn.call(ApiKey.DELETE_TOPICS, DELETE_TOPICS_VERSION, request)
+        finally:
+            conn.close()
+        failed = [f"{t.name}: {t.error_code}" for t in response.responses if t.error_code]
+        if failed:
+            raise RuntimeError(f"DeleteTopics: {'; '.join(failed)}")
 
     def create_topics(
         self,

@@ -9,10 +9,12 @@ each kind of run):
   rounds     ``rounds`` times: the raw-protocol generator (16 KiB batches) into a
              replication-factor-1 topic with acks=1 (the baseline), into a replication-
              factor-3 topic with acks=1, and into another with acks=all, ``max_s`` each, a
-             fresh topic per run. The topics have six partitions, as the 2014 test's, whose
-             leaders the controller spreads over the three brokers; the generator sends each
-             partition's batches to its leader, a connection per leader with 5 requests in
-             flight (``--partitions 1``: one partition, one leader, one connection).
+             fresh topic per run (created just before it, deleted after it, so that no
+             idle partitions are held meanwhile). The topics have six partitions, as the
+             2014 test's, whose leaders the controller spreads over the three brokers; the
+             generator sends each partition's batches to its leader, a connection per
+             leader with 5 requests in flight (``--partitions 1``: one partition, one
+             leader, one connection).
              ``rf3_ratio_to_rf1`` is each round's acks=all records/s over its
              replication-factor-1 records/s, the median over the rounds.
   catch-up   a follower of a one-partition replication-factor-3 topic is stopped,
@@ -109,21 +111,29 @@ def round_topics(i: int) -> tuple[str, str, str]:
 
 
 def create_topics(cluster: RunnelCluster, rp: ReplicationParams) -> None:
-    topics = [round_topics(i) for i in range(rp.rounds)]
-    cluster.create_topics({t[0]: rp.partitions for t in topics}, TOPIC_TIMEOUT_S)
-    rf3 = {name: rp.partitions for t in topics for name in t[1:]}
-    rf3[CATCH_UP_TOPIC] = 1
-    cluster.create_topics(rf3, TOPIC_TIMEOUT_S, RF3)
+    """The catch-up's and the failover's topics; each round's come and go with its runs."""
+    cluster.create_topics({CATCH_UP_TOPIC: 1}, TOPIC_TIMEOUT_S, RF3)
     configs = {"min.insync.replicas": str(rp.min_insync_replicas)}
     cluster.create_topics({FAILOVER_TOPIC: 1}, TOPIC_TIMEOUT_S, RF3, configs)
 
 
 def one_round(i: int, brokers: Brokers, rp: ReplicationParams) -> ReplicationRound:
+    """Each run's topic is created just before it and deleted after it, so the cluster
+    holds the topic under test and no idle ones, as in the 2014 test (a follower's fetch
+    carries every partition it follows from a leader: idle ones cost CPU too)."""
     rf1_topic, acks1_topic, all_topic = round_topics(i)
-    rf1 = produce_run("RF 1, acks=1", brokers, rf1_topic, RF1, 1, rp)
-    acks1 = produce_run("RF 3, acks=1", brokers, acks1_topic, RF3, 1, rp)
-    acks_all = produce_run("RF 3, acks=all", brokers, all_topic, RF3, ACKS_ALL, rp)
-    done = ReplicationRound(rf1, acks1, acks_all)
+    runs = []
+    for label, topic, factor, acks in (
+        ("RF 1, acks=1", rf1_topic, RF1, 1),
+        ("RF 3, acks=1", acks1_topic, RF3, 1),
+        ("RF 3, acks=all", all_topic, RF3, ACKS_ALL),
+    ):
+        cluster = brokers.cluster
+        cluster.create_topics({topic: rp.partitions}, TOPIC_TIMEOUT_S, factor)
+        runs.append(produce_run(label, brokers, topic, factor, acks, rp))
+        cluster.delete_topics([topic], TOPIC_TIMEOUT_S)
+    done = ReplicationRound(*runs)
+    rf1, acks1, acks_all = runs
     step(
         f"replication round {i + 1}: RF 1 {rf1.run.records_per_s:,.0f} records/s, RF 3 acks=1 "
         f"{acks1.run.records_per_s:,.0f}, acks=all {acks_all.run.records_per_s:,.0f} "
