@@ -130,6 +130,7 @@ def one_round(i: int, brokers: Brokers, rp: ReplicationParams) -> ReplicationRou
     ):
         cluster = brokers.cluster
         cluster.create_topics({topic: rp.partitions}, TOPIC_TIMEOUT_S, factor)
+        brokers.listed_everywhere(topic, rp.partitions)
         runs.append(produce_run(label, brokers, topic, factor, acks, rp))
         cluster.delete_topics([topic], TOPIC_TIMEOUT_S)
     done = ReplicationRound(*runs)

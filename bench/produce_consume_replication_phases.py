@@ -119,6 +119,28 @@ class Brokers:
                 conn.close()
         return None
 
+    def listed_everywhere(self, topic: str, partitions: int) -> None:
+        """Until every running broker's Metadata lists ``topic``'s partitions with leaders (a
+        broker applies a new topic's record a moment after the one that created it)."""
+
+        def everywhere() -> bool | None:
+            for broker in self.pids():
+                try:
+                    conn = Connection.connect(self.cluster.address(broker))
+                except OSError:
+                    return None
+                try:
+                    states = partition_states(conn, topic)
+                except (OSError, LoadError, ValueError):
+                    return None
+                finally:
+                    conn.close()
+                if len(states) != partitions or any(s.leader < 0 for s in states):
+                    return None
+            return True
+
+        wait_for(f"every broker to list {topic}", everywhere, ISR_TIMEOUT_S, STATE_POLL_S)
+
     def led(self, topic: str, isr_size: int) -> PartitionState:
         """Once the partition has a leader and ``isr_size`` replicas in its ISR."""
 
