@@ -484,18 +484,15 @@ class Partition:
         current_leader_epoch: int = NO_LEADER_EPOCH,
         isolation: Isolation | str = Isolation.HIGH_WATERMARK,
         min_one_batch: bool = True,
-        replica_id: int = -1,
     ) -> FetchData:
         """A zero-copy slice of batches from ``fetch_offset``: up to the high watermark for
         a consumer (read_committed too: LSO = HW, no transactions), the log end for
-        ``isolation="log_end"`` or a replica (``replica_id >= 0``). Served by the leader
-        only; a follower's fetch goes through ``read_for_follower``, which also records its
-        position."""
+        ``isolation="log_end"``. Served by the leader only; a follower's fetch goes through
+        ``read_for_follower``, which also records its position."""
         self._require_leader(current_leader_epoch)
-        bound = Isolation.LOG_END if replica_id >= 0 else Isolation(isolation)
         try:
             return self.log.read(
-                fetch_offset, max_bytes, isolation=bound, min_one_batch=min_one_batch
+                fetch_offset, max_bytes, isolation=Isolation(isolation), min_one_batch=min_one_batch
             )
         except StorageError as e:
             raise from_storage_error(e) from e

@@ -360,9 +360,13 @@ def test_consumers_read_to_the_high_watermark_replicas_to_the_log_end(
     assert consumer is not None and values(consumer.read()) == [b"a"]
     committed = p.read(0, 1_000_000, isolation="high_watermark").slice
     assert committed is not None and values(committed.read()) == [b"a"]
-    for replica in (p.read(0, 1_000_000, replica_id=2), p.read(0, 10**6, isolation="log_end")):
-        assert replica.slice is not None and values(replica.slice.read()) == [b"a", b"b", b"c"]
     assert p.read(2, 1000).slice is None  # above the HW, within the log: nothing yet
+    follower = p.read_for_follower(
+        2, 0, 1_000_000, last_fetched_epoch=-1, current_leader_epoch=-1, now_ms=0
+    ).data
+    for replica in (follower, p.read(0, 10**6, isolation="log_end")):
+        assert replica is not None and replica.slice is not None
+        assert values(replica.slice.read()) == [b"a", b"b", b"c"]
 
 
 def test_a_read_outside_the_log_is_offset_out_of_range(make_partition: MakePartition) -> None:
