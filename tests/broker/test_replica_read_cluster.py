@@ -20,12 +20,14 @@ import grpc
 import pytest
 from confluent_kafka import Producer
 from kafka_cluster import BROKER_IDS, WAIT_S, KafkaCluster, create_topic, kafka, wait_until_listed
-from test_local_cluster import runnel
+from test_local_cluster import runnel, wait_for
 
 from proto import replica_pb2 as rpb
 from proto import replica_pb2_grpc
 from runnel.local_cluster import ClusterSpec, Port
 from runnel.replica_compare import BatchMeta
+from storage.checkpoint import OffsetCheckpointFile
+from storage.topic_partition import TopicPartition
 
 __all__ = ["kafka"]  # the fixture
 
@@ -175,6 +177,22 @@ def test_two_replicas_of_acks_all_records_agree(kafka: KafkaCluster) -> None:
     assert done.returncode == 0, done.stderr
     wait_until_listed(kafka, name, 2)
     produce(kafka, name, acks="all")  # acknowledged once both replicas have each batch
+    every = ROUNDS * RECORDS_PER_ROUND
+
+    # Both brokers, the follower included, checkpoint the high watermark (every 5 s). The
+    # follower learns the last HW with its next fetch: once both files say so, verify
+    # compares everything.
+    def checkpointed() -> bool | None:
+        for broker in BROKER_IDS:
+            path = kafka.data_dir / f"node-{broker}" / "data" / "replication-offset-checkpoint"
+            if not path.exists():
+                return None
+            hws = OffsetCheckpointFile(path).read()
+            if any(hws.get(TopicPartition(name, p)) != every for p in (0, 1)):
+                return None
+        return True
+
+    wait_for("both brokers to checkpoint the high watermarks", checkpointed, WAIT_S)
     done = runnel(
         "replicas", "verify", "--topic", name, "--json", "--data-dir", str(kafka.data_dir)
     )
@@ -186,4 +204,4 @@ def test_two_replicas_of_acks_all_records_agree(kafka: KafkaCluster) -> None:
         request = rpb.ReadBatchesRequest(topic=name, partition=partition, start_offset=0)
         streams = [metas(read_batches(kafka, broker, request)) for broker in BROKER_IDS]
         assert streams[0] == streams[1] and len(streams[0]) >= ROUNDS
-        assert streams[0][-1].last_offset == ROUNDS * RECORDS_PER_ROUND - 1
+        assert streams[0][-1].last_offset == every - 1
