@@ -39,6 +39,7 @@ from controller.image import MetadataImage
 from controller.state_machine import MetadataStateMachine
 from storage.config import LogConfig
 from storage.log_manager import LogManager
+from storage.records import compiled_framing
 from storage.topic_partition import TopicPartition
 
 __all__ = ["KafkaBroker"]
@@ -151,6 +152,11 @@ class KafkaBroker:
         ]
         await self.server.start()
         _log.info("kafka listener %s on port %d", self.settings.listener_name, self.server.port)
+        if not compiled_framing():
+            _log.warning(
+                "storage._framing is not built: produce checks record framing in Python "
+                "(several times slower; install a C compiler and reinstall)"
+            )
 
     def _apply(self, image: MetadataImage) -> None:
         if image.offset < self._image.offset:

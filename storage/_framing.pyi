@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def record_count(section: Buffer, /) -> int: ...
