@@ -17,6 +17,14 @@ run: the ISR shrink check every half ``replica_lag_time_max_ms`` on the event lo
 high-watermark checkpoint every ``replica_high_watermark_checkpoint_interval_ms`` in a worker
 thread (a few small files, fsynced; after a crash a follower's log is never truncated to it,
 only where consumers may read comes from it).
+
+A data directory that fails (an I/O error takes it offline, see ``storage/log_manager.py``)
+stops the broker, as Kafka's KRaft brokers halt on a log directory failure unless the
+controller knows which directory holds each replica (KIP-858, which runnel does not have):
+a broker that stayed up would keep leading partitions it can no longer serve, and the
+controller would never move them. ``on_fatal`` tells the node, which shuts down under control
+(the controller moves the leaderships to in-sync replicas at once) and exits with status 1.
+A directory that is offline at start-up refuses the start (``DataDirOffline``).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from broker.alter_partition import AlterPartitionSender
 from broker.context import BrokerContext, BrokerSettings
@@ -42,10 +51,14 @@ from storage.log_manager import LogManager
 from storage.records import compiled_framing
 from storage.topic_partition import TopicPartition
 
-__all__ = ["KafkaBroker"]
+__all__ = ["DataDirOffline", "KafkaBroker"]
 
 _log = logging.getLogger(__name__)
 LOG_MAINTENANCE_INTERVAL_MS = 30_000
+
+
+class DataDirOffline(Exception):
+    """A data directory is offline: the broker must not serve (module doc)."""
 
 
 class KafkaBroker:
@@ -114,6 +127,9 @@ class KafkaBroker:
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
         self._duties: list[asyncio.Task[None]] = []
+        # Called once, on the event loop, when a data directory fails (module doc).
+        self.on_fatal: Callable[[str], None] | None = None
+        self._fatal: str | None = None
 
     @property
     def port(self) -> int:
@@ -130,7 +146,16 @@ class KafkaBroker:
             return found.log_config
 
         self.logs.config_for = config_for
+
+        def dir_offline(data_dir: Path, error: str) -> None:  # any thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: stopping anyway
+                loop.call_soon_threadsafe(self._dir_failed, data_dir, error)
+
+        self.logs.on_dir_offline = dir_offline
         await loop.run_in_executor(None, self.logs.startup)
+        if self.logs.offline_dirs:
+            failed = "; ".join(f"{d}: {e}" for d, e in self.logs.offline_dirs.items())
+            raise DataDirOffline(f"data directories offline at start-up: {failed}")
         self._apply(image)
         self.machine.on_publish(self._apply)
         self._maintenance = loop.create_task(
@@ -157,6 +182,18 @@ class KafkaBroker:
                 "storage._framing is not built: produce checks record framing in Python "
                 "(several times slower; install a C compiler and reinstall)"
             )
+
+    def _dir_failed(self, data_dir: Path, error: str) -> None:
+        if self._fatal is not None:
+            return
+        self._fatal = f"data directory {data_dir} failed: {error}"
+        _log.critical(
+            "%s; stopping the broker so that the controller moves its leaderships to in-sync "
+            "replicas (replace or repair the directory, then start the broker again)",
+            self._fatal,
+        )
+        if self.on_fatal is not None:
+            self.on_fatal(self._fatal)
 
     def _apply(self, image: MetadataImage) -> None:
         if image.offset < self._image.offset:

@@ -33,7 +33,7 @@ import uvloop
 from broker.context import BrokerSettings, ReplicationSettings
 from broker.lifecycle import BrokerLifecycle, BrokerState
 from broker.replica_read import ReplicaManagerSource, ReplicaReadService
-from broker.runtime import KafkaBroker
+from broker.runtime import DataDirOffline, KafkaBroker
 from controller.client import ControllerClient
 from controller.quorum import QuorumController
 from controller.service import ControllerService
@@ -42,9 +42,10 @@ from proto import metadata_pb2 as mpb
 from raft.driver import RaftNode, RaftNodeConfig
 from raft.log_store import METADATA_LOG_DIR
 from raft.transport import GrpcTransport
-from runnel.commands import EXIT_OK, CommandError, Subparsers, set_handler
+from runnel.commands import EXIT_OK, EXIT_PROBLEM, CommandError, Subparsers, set_handler
 from runnel.config import ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
+from storage.errors import StorageError
 from storage.log_manager import LogManager
 
 __all__ = ["RunnelNode", "register"]
@@ -199,23 +200,45 @@ class RunnelNode:
             await self.kafka.stop()
         if self.controller is not None:
             await self.controller.close()
-        await self.raft.close()
+        try:
+            await self.raft.close()
+        except StorageError as e:  # a failed data directory: recovered at the next start
+            _log.error("node %d: closing the metadata log failed: %s", self.config.node_id, e)
         await self.transport.close()
         if self.client is not None:
             await self.client.close()
         _log.info("node %d stopped", self.config.node_id)
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: NodeConfig) -> int:
+    """Run a node until SIGTERM / SIGINT (exit status 0) or a fatal error such as a failed
+    data directory (status 1); either way it shuts down under control."""
     node = RunnelNode(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await node.start()
+    fatal: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        stop.set()
+
+    if node.kafka is not None:
+        node.kafka.on_fatal = on_fatal
+    try:
+        await node.start()
+    except DataDirOffline as e:
+        _log.critical("node %d cannot start: %s", config.node_id, e)
+        await node.stop()
+        return EXIT_PROBLEM
     print(f"ready node {config.node_id}", flush=True)
     await stop.wait()
     await node.stop()
+    if fatal:
+        _log.critical("node %d stopped after a fatal error: %s", config.node_id, fatal[0])
+        return EXIT_PROBLEM
+    return EXIT_OK
 
 
 def configure_logging(node_id: int) -> None:
@@ -236,8 +259,7 @@ def _run_node(args: argparse.Namespace) -> int:
         print(config.describe())
         return EXIT_OK
     configure_logging(config.node_id)
-    uvloop.run(serve(config))
-    return EXIT_OK
+    return uvloop.run(serve(config))
 
 
 def register(groups: Subparsers) -> None:

@@ -12,6 +12,12 @@ down to whole entries) and memory-mapped; entries beyond ``entries`` are zeros. 
 segment rolls, :meth:`trim` cuts each file to its valid entries. Indexes carry no checksum:
 after an unclean shutdown the loader rebuilds them from the log rather than trusting them.
 
+Pre-allocation leaves the file sparse (an index of 10 MiB would otherwise cost 10 MiB of
+disk per partition), but a store into a page of a memory map that the disk has no room for
+kills the process with SIGBUS instead of raising. So blocks are reserved with
+``posix_fallocate`` ahead of the entries, ``RESERVE_BYTES`` at a time: a full disk then fails
+an append with an OSError (ENOSPC), which the log turns into an offline directory.
+
 The mmap is opened lazily on first use, so a log with many old segments starts quickly.
 Concurrency: one writer (the partition's single writer) mutates; readers call ``lookup``
 concurrently, which is safe because entries are written before ``entries`` is advanced.
@@ -30,6 +36,7 @@ from storage.errors import InvariantViolation, OffsetOverflowError, invariant
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
 _MAX_RELATIVE = 2**31 - 1
+RESERVE_BYTES = 64 * 1024  # blocks reserved ahead of the entries (module doc)
 
 
 class CorruptIndexError(Exception):
@@ -49,6 +56,7 @@ class _MappedIndex:
         self._fd = -1
         self._mm: mmap.mmap | None = None
         self._capacity = 0
+        self._reserved = 0  # bytes from the start known to have disk blocks
         self.entries = 0
         # A new index grows to its pre-allocated size; an existing one is mapped at its size
         # until something appends to it (a reopened active segment), so lookups on old
@@ -70,8 +78,33 @@ class _MappedIndex:
             self._capacity = max(self._max_bytes, used) if self._growable else used
             if self._growable:
                 os.ftruncate(self._fd, self._capacity)
+            self._reserved = used  # written once, so backed
             self._mm = mmap.mmap(self._fd, self._capacity)
         return self._mm
+
+    def _reserve(self, end: int) -> None:
+        """Make sure bytes up to ``end`` have disk blocks (module doc); OSError if the disk
+        is full."""
+        start = self._reserved
+        stop = min(self._capacity, max(end, start + RESERVE_BYTES))
+        if stop > start:
+            os.posix_fallocate(self._fd, start, stop - start)
+        self._reserved = max(stop, end)
+
+    def _read(self, n: int) -> mmap.mmap | bytes:
+        """The map, or entry ``n`` alone when the file is not mapped yet: a load's checks
+        read a few entries with ``pread``, because on tmpfs even a read fault on a hole of
+        a shared map needs a free page, and a full disk answers it with SIGBUS."""
+        if self._mm is not None:
+            return self._mm
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, self.entry_size, n * self.entry_size)
+        finally:
+            os.close(fd)
+        if len(data) != self.entry_size:
+            raise CorruptIndexError(f"{self.path}: entry {n} lies past the end of the file")
+        return data
 
     def _open_for_append(self) -> mmap.mmap:
         if not self._growable:
@@ -86,9 +119,13 @@ class _MappedIndex:
         """Forget entries past ``entries`` (zeroing them, so a crash cannot revive them)."""
         if entries >= self.entries:
             return
-        mm = self._open()
-        start, end = entries * self.entry_size, self.entries * self.entry_size
-        mm[start:end] = bytes(end - start)
+        self._open()
+        # Cut the file and extend it again: the tail reads as zeros with no page touched
+        # (a store of zeros into holes could need blocks a full disk does not have).
+        keep = entries * self.entry_size
+        os.ftruncate(self._fd, keep)
+        os.ftruncate(self._fd, self._capacity)
+        self._reserved = min(self._reserved, keep)
         self.entries = entries
         self._last = None
 
@@ -139,7 +176,7 @@ class OffsetIndex(_MappedIndex):
 
     def entry(self, n: int) -> tuple[int, int]:
         """The n-th entry as (absolute offset, position)."""
-        rel, pos = _OFFSET_ENTRY.unpack_from(self._open(), n * 8)
+        rel, pos = _OFFSET_ENTRY.unpack_from(self._read(n), 0 if self._mm is None else n * 8)
         return self.base_offset + rel, pos
 
     def last_entry(self) -> tuple[int, int]:
@@ -159,6 +196,8 @@ class OffsetIndex(_MappedIndex):
         mm = self._mm
         if mm is None or not self._growable:
             mm = self._open_for_append()
+        if (entries + 1) * 8 > self._reserved:
+            self._reserve((entries + 1) * 8)
         _OFFSET_ENTRY.pack_into(mm, entries * 8, rel, position)
         self.entries = entries + 1
         self._last = (offset, position)
@@ -212,7 +251,7 @@ class TimeIndex(_MappedIndex):
 
     def entry(self, n: int) -> tuple[int, int]:
         """The n-th entry as (timestamp, absolute offset)."""
-        ts, rel = _TIME_ENTRY.unpack_from(self._open(), n * 12)
+        ts, rel = _TIME_ENTRY.unpack_from(self._read(n), 0 if self._mm is None else n * 12)
         return ts, self.base_offset + rel
 
     def last_entry(self) -> tuple[int, int]:
@@ -240,6 +279,8 @@ class TimeIndex(_MappedIndex):
         mm = self._mm
         if mm is None or not self._growable:
             mm = self._open_for_append()
+        if (entries + 1) * 12 > self._reserved:
+            self._reserve((entries + 1) * 12)
         _TIME_ENTRY.pack_into(mm, entries * 12, timestamp, self.relative(offset))
         self.entries = entries + 1
         self._last = (timestamp, offset)

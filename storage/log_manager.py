@@ -66,6 +66,9 @@ class LogManager:
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir: dict[TopicPartition, Path] = {}
         self.offline_dirs: dict[Path, str] = {}
+        # Told (from whichever thread found it) when a directory goes offline; the broker
+        # stops on it (see broker/runtime.py).
+        self.on_dir_offline: Callable[[Path, str], None] | None = None
         self.had_clean_shutdown: dict[Path, bool] = {}
         # Where each compacted log's last cleaning pass ended (in memory: after a restart the
         # first pass treats the whole log as dirty).
@@ -263,3 +266,5 @@ class LogManager:
                 log = self._logs.get(tp)
                 if log is not None and not log.offline:
                     log.abandon()
+        if self.on_dir_offline is not None:
+            self.on_dir_offline(data_dir, str(error))

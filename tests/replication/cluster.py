@@ -906,12 +906,19 @@ def _settings_toml(chosen: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_cluster(data_dir: Path, overrides: dict[str, dict[str, int]] | None = None) -> Cluster:
+def start_cluster(
+    data_dir: Path,
+    overrides: dict[str, dict[str, int]] | None = None,
+    before_up: Callable[[ClusterSpec], None] | None = None,
+) -> Cluster:
     """A new cluster of 1 controller and 3 brokers in ``data_dir``, healthy, with the
-    settings of ``OVERRIDES`` and then of ``overrides``."""
+    settings of ``OVERRIDES`` and then of ``overrides``; ``before_up`` runs once the nodes'
+    directories and configs exist, before any node starts."""
     spec = ClusterSpec(1, len(BROKERS), data_dir.absolute(), free_base_port(1 + len(BROKERS)))
     spec.save()
     spec.write_node_configs()
+    if before_up is not None:
+        before_up(spec)
     chosen = settings(overrides or {})
     for node in spec.nodes():
         with open(spec.config_path(node.node_id), "a") as f:
