@@ -1,5 +1,7 @@
 """The leader: it appends proposals in batches, answers Fetch and FetchSnapshot requests
-(long polls park until data arrives, the HW moves or the wait runs out), advances the high
+(long polls park until data arrives, the HW moves or the wait runs out; a fetcher not yet
+told the current HW is answered at once, else a commit that happened between two of its
+fetches would reach it only when its next long poll runs out), advances the high
 watermark once a majority of voters hold a record of its own epoch, announces itself with
 BeginQuorumEpoch until each voter fetches, and resigns when a majority stops fetching
 (check-quorum).
@@ -119,7 +121,9 @@ class _LeaderMixin(_CoreBase):
         )
 
     def _answer_fetch(self, role: _Leader, source: int, request: FetchRequest) -> None:
-        del role
+        replica = role.replicas.get(source)
+        if replica is not None:
+            replica.hw_sent = self._hw
         if request.fetch_offset < self._end:
             self._send(source, self._leader_reply(request, read_from=request.fetch_offset))
         else:
@@ -147,9 +151,12 @@ class _LeaderMixin(_CoreBase):
             self._send(source, problem)
             return
         replica.fetch_offset = max(replica.fetch_offset, request.fetch_offset)
-        hw_before = self._hw
         self._maybe_advance_hw(role)
-        if request.fetch_offset < self._end or request.max_wait_ms <= 0 or self._hw > hw_before:
+        if (
+            request.fetch_offset < self._end
+            or request.max_wait_ms <= 0
+            or self._hw > replica.hw_sent  # it moved since our last answer: tell it now
+        ):
             self._answer_fetch(role, source, request)
         else:
             # Long poll: answered when data arrives, the HW moves, or the wait runs out.

@@ -57,6 +57,7 @@ class _Random:
 class _Replica:
     fetch_offset: int = 0  # everything below is durable on that replica
     last_fetch_ms: int = -_NEVER
+    hw_sent: int = -1  # the high watermark in the last fetch answer sent to it
 
 
 @dataclass(slots=True)

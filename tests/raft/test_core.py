@@ -169,6 +169,18 @@ def test_an_observer_replicates_but_never_votes() -> None:
     assert not ready.messages[0].payload.granted
 
 
+def test_a_commit_reaches_a_fetcher_at_once_not_after_its_long_poll() -> None:
+    # The observer's fetch gets "m" with the old HW; the HW moves before its next fetch,
+    # which finds nothing new. Parking that fetch would hide the commit for the whole fetch
+    # wait (500 ms): the leader answers a fetcher not yet told its HW at once.
+    cluster = Cluster(voters=1, observers=1)
+    leader = elect(cluster)
+    cluster.run(cluster.now + 1_000)  # quiet: the observer's fetch is parked
+    cluster.propose(leader, [b"m"])
+    cluster.run(cluster.now + 50)
+    assert cluster.nodes[2].applied == [b"m"]
+
+
 def test_proposals_on_a_follower_raise_not_leader_naming_the_leader() -> None:
     cluster = Cluster(voters=3)
     leader = elect(cluster)

@@ -38,11 +38,14 @@ class Counter:
 
 
 class Hub:
-    """Delivers envelopes between nodes in this event loop; a node that is down drops them."""
+    """Delivers envelopes between nodes in this event loop; a node that is down drops them,
+    and a send to a crashed one is reported unreachable to the sender, as the gRPC transport
+    reports a refused connection (a report can be outdated by a reply already on its way)."""
 
     def __init__(self) -> None:
         self.receivers: dict[int, Callable[[Envelope], None]] = {}
         self.unreachable_listeners: dict[int, Callable[[int], None]] = {}
+        self.crashed: set[int] = set()
 
     def transport(self, node_id: int) -> HubTransport:
         return HubTransport(self, node_id)
@@ -56,6 +59,10 @@ class HubTransport:
         receiver = self.hub.receivers.get(envelope.destination)
         if receiver is not None:
             asyncio.get_running_loop().call_soon(receiver, envelope)
+        elif envelope.destination in self.hub.crashed:
+            listener = self.hub.unreachable_listeners.get(self.node_id)
+            if listener is not None:
+                asyncio.get_running_loop().call_soon(listener, envelope.destination)
 
     def set_receiver(self, callback: Callable[[Envelope], None]) -> None:
         self.hub.receivers[self.node_id] = callback
@@ -107,6 +114,7 @@ class Cluster:
         connection would; its task keeps running but hears and reaches nobody."""
         self.hub.receivers.pop(node_id, None)
         self.hub.unreachable_listeners.pop(node_id, None)
+        self.hub.crashed.add(node_id)
         for listener in self.hub.unreachable_listeners.values():
             listener(node_id)
 
