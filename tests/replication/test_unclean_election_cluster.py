@@ -1,0 +1,130 @@
+"""Unclean leader election on real processes (controller ``unclean_leader_election_enable``):
+when the last in-sync replica dies, an out-of-sync replica is elected, loudly, and what only
+the dead leader had is lost; the old leader comes back as a follower and truncates its
+divergent tail, so the replicas agree again.
+
+The followers are paused (SIGSTOP) until the leader shrinks the ISR to itself (the lag time
+is 2 s) but not past the session timeout (10 s), so the controller still counts them alive.
+Records acknowledged by the leader alone (min.insync.replicas 1) then die with it: the test
+checks that they are gone and that everything before them survives, which is what "unclean"
+means.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+
+def load_fixture_module() -> ModuleType:
+    """``cluster.py`` beside this file, under the name test_cluster_replication gives it."""
+    name = "replication_fault_cluster"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+rc = load_fixture_module()
+replication_cluster = rc.replication_cluster
+CONTROLLER = 1
+SESSION_MS = 10_000
+LAG_MS = 2_000
+
+
+def produce(c: Any, topic: str, values: list[str]) -> dict[str, int]:
+    """acks=all, each value once; every one must be acknowledged: value -> offset."""
+    acked: dict[str, int] = {}
+    errors: list[str] = []
+
+    def report(error: Any, message: Any) -> None:
+        if error is None:
+            acked[message.value().decode()] = message.offset()
+        else:
+            errors.append(f"{message.value().decode()}: {error.name()}")
+
+    producer = Producer(
+        {
+            "bootstrap.servers": ",".join(c.address(b) for b in c.live()),
+            "acks": "all",
+            "enable.idempotence": False,
+            "retries": 0,
+            "message.timeout.ms": 10_000,
+            "logger": rc.NULL_LOGGER,
+            "error_cb": lambda _: None,
+        }
+    )
+    for value in values:
+        producer.produce(topic, value.encode(), partition=0, on_delivery=report)
+    left = producer.flush(30)
+    assert left == 0 and not errors and len(acked) == len(values), (left, errors, c.story())
+    return acked
+
+
+@pytest.mark.slow
+@rc.with_settings(
+    controller={"broker_session_timeout_ms": SESSION_MS, "unclean_leader_election_enable": "true"},
+    broker={"replica_lag_time_max_ms": LAG_MS},
+)
+def test_an_out_of_sync_replica_is_elected_loudly_and_the_old_leader_truncates(
+    replication_cluster: Any,
+) -> None:
+    c, topic = replication_cluster, "unclean"
+    [view] = c.create_topic(topic, 1, min_insync=1)
+    leader = view.leader
+    followers = [b for b in view.replicas if b != leader]
+    kept = produce(c, topic, [f"kept-{i}" for i in range(10)])
+
+    for follower in followers:
+        c.pause(follower)
+    paused_at = time.monotonic()
+    c.wait_partitions(
+        f"the ISR down to the leader {leader}",
+        topic,
+        lambda v: v[0].isr == (leader,),
+        SESSION_MS / 1000 - 3,
+        via=[leader],
+    )
+    lost = produce(c, topic, [f"lost-{i}" for i in range(10)])  # on the leader alone
+    log_position = c.log_size(CONTROLLER)
+    c.kill(leader)
+    for follower in followers:
+        c.resume(follower)
+    paused_s = time.monotonic() - paused_at
+    assert paused_s < SESSION_MS / 1000, f"paused {paused_s:.1f} s: the followers were fenced"
+
+    views = c.wait_partitions(
+        f"an out-of-sync replica elected in place of {leader}",
+        topic,
+        lambda v: v[0].leader in followers,
+        SESSION_MS / 1000 + 15,
+        via=followers,
+    )
+    new = views[0].leader
+    said = [
+        line for line in c.log_since(CONTROLLER, log_position) if "UNCLEAN LEADER ELECTION" in line
+    ]
+    assert said and "level=ERROR" in said[0], c.log_excerpt(CONTROLLER)
+    c.note(f"unclean election of {new}: {said[0][-160:]}")
+
+    after = produce(c, topic, [f"after-{i}" for i in range(10)])
+    c.start(leader)
+    c.wait_full_isr(topic, 60)
+    hws = c.wait_replicas_caught_up(topic, 1)
+    disagreements = c.replica_disagreements(topic, 0, hws[0])
+    assert not disagreements, "\n".join(disagreements) + c.story()
+
+    values = [value for _, value in c.read_all(topic, 1)[0]]
+    assert values == [*kept, *after], (values, c.story())  # kept in order, lost gone
+    assert not set(lost) & set(values)
+    assert [after[v] for v in after] == list(range(len(kept), len(kept) + len(after)))
