@@ -181,7 +181,7 @@ def broker_heartbeat(
     ``caught_up_offset``; without a session for this registration (a controller that just
     took over) it must reach ``committed_offset`` instead. ``now_ms`` is not needed by the
     decision (the controller touches the session); ``unclean`` applies to the elections a
-    fence triggers.
+    fence or an unfence triggers.
     """
     del now_ms
     reg = elections.registration(image, request.broker_id, request.broker_epoch)
@@ -190,7 +190,7 @@ def broker_heartbeat(
         target = session.caught_up_offset
     caught_up = request.metadata_offset >= target
     if reg.fenced:
-        records, fenced, shut_down = _fenced_heartbeat(image, reg, request, caught_up)
+        records, fenced, shut_down = _fenced_heartbeat(image, reg, request, caught_up, unclean)
     else:
         records, fenced, shut_down = _unfenced_heartbeat(image, reg, request, unclean)
     response = cpb.BrokerHeartbeatResponse(
@@ -204,13 +204,14 @@ def _fenced_heartbeat(
     reg: BrokerRegistration,
     request: cpb.BrokerHeartbeatRequest,
     caught_up: bool,
+    unclean: bool,
 ) -> tuple[Records, bool, bool]:
     """(records, fenced after, should shut down) for a fenced broker."""
     if request.want_shutdown or reg.in_controlled_shutdown:
         return [], True, True
     if request.want_fence or not caught_up:
         return [], True, False
-    return elections.unfence_broker(image, reg.broker_id), False, False
+    return elections.unfence_broker(image, reg.broker_id, unclean), False, False
 
 
 def _unfenced_heartbeat(

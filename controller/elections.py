@@ -13,7 +13,8 @@ last member so that the partition remembers which replica holds all committed da
 that replica is elected again when it returns (``unfence_broker``). If it led, the new leader
 is the first alive ISR member in replica order (``placement.choose_leader``); with unclean
 election enabled and no such member, an alive out-of-sync replica is chosen and the ISR
-becomes that replica alone (its log is now the truth); otherwise the partition has no leader.
+becomes that replica alone (its log is now the truth); otherwise the partition has no leader
+(with unclean election enabled, until an out-of-sync replica is unfenced).
 
 Requests: ``alter_partition`` is a leader proposing a new ISR, checked against the leader
 epoch, the partition epoch and each member's registration; ``elect_preferred_leaders`` moves
@@ -128,9 +129,13 @@ def remove_from_partitions(
     return records
 
 
-def unfence_broker(image: MetadataImage, broker_id: int) -> list[pb.MetadataRecord]:
+def unfence_broker(
+    image: MetadataImage, broker_id: int, unclean: bool = False
+) -> list[pb.MetadataRecord]:
     """An UnfenceBrokerRecord, and a leader for every leaderless partition whose ISR holds
-    ``broker_id`` (typically the last ISR member coming back)."""
+    ``broker_id`` (typically the last ISR member coming back); with ``unclean``, also for
+    every leaderless partition of which it is a replica and no ISR member is alive (Kafka
+    elects an offline partition's first alive replica then)."""
     reg = registration(image, broker_id)
     unfence = pb.UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
     records = [pb.MetadataRecord(unfence_broker=unfence)]
@@ -138,11 +143,17 @@ def unfence_broker(image: MetadataImage, broker_id: int) -> list[pb.MetadataReco
         return records  # unfenced, but still not a broker to lead anything
     alive = alive_brokers(image) | {broker_id}
     for p in image.replicas_of(broker_id):
-        if p.leader == NO_LEADER and broker_id in p.isr:
+        if p.leader != NO_LEADER:
+            continue
+        if broker_id in p.isr:
             leader, isr = _elect(p.replicas, p.isr, alive, unclean=False)
-            record = _change(p, leader, isr)
-            if record is not None:
-                records.append(record)
+        elif unclean and not alive.intersection(p.isr):
+            leader, isr = _elect(p.replicas, p.isr, alive, unclean=True)
+        else:
+            continue
+        record = _change(p, leader, isr)
+        if record is not None:
+            records.append(record)
     return records
 
 

@@ -162,6 +162,7 @@ def heartbeat(
     offset: int = REGISTERED_AT,
     sess: BrokerSession | None = None,
     committed: int = REGISTERED_AT,
+    unclean: bool = False,
     **flags: bool | int,
 ) -> Outcome[cpb.BrokerHeartbeatResponse]:
     request = cpb.BrokerHeartbeatRequest(
@@ -169,7 +170,9 @@ def heartbeat(
     )
     for name, value in flags.items():
         setattr(request, name, value)
-    return broker_heartbeat(image, request, sess or session(broker_id), committed, NOW_MS)
+    return broker_heartbeat(
+        image, request, sess or session(broker_id), committed, NOW_MS, unclean=unclean
+    )
 
 
 def flags(outcome: Outcome[cpb.BrokerHeartbeatResponse]) -> tuple[bool, bool, bool]:
@@ -305,6 +308,14 @@ def test_a_leader_and_its_successor_expiring_together_leave_a_live_leader() -> N
     assert outcome.response == [1, 2]
     p = part(replay(image, outcome.records), 0)
     assert (p.leader, p.isr) == (3, (3,))
+
+
+def test_an_unfencing_heartbeat_elects_an_out_of_sync_replica_only_when_unclean() -> None:
+    image = cluster(partitions={0: ([1, 2], [1], NO_LEADER)}, fenced=[1, 2])
+    for unclean, leader in ((False, NO_LEADER), (True, 2)):
+        outcome = heartbeat(image, 2, unclean=unclean)
+        assert flags(outcome) == (True, False, False)
+        assert part(replay(image, outcome.records), 0).leader == leader
 
 
 def test_expiry_elects_unclean_only_when_enabled() -> None:

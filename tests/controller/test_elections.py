@@ -203,6 +203,26 @@ def test_unfencing_elects_the_broker_only_where_it_is_in_the_isr() -> None:
     assert (part(after, 0).leader, part(after, 1).leader) == (1, NO_LEADER)
 
 
+def test_with_unclean_election_an_unfenced_out_of_sync_replica_leads_an_offline_partition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Partition 0's last ISR member (2) is down; partition 1's ISR member (3) is alive and
+    # leads; partition 2's ISR member (3) is alive but the partition has no leader yet.
+    image = cluster(
+        [1, 2, 3],
+        {0: ([1, 2], [2], NO_LEADER), 1: ([1, 3], [3], 3), 2: ([1, 3], [3], NO_LEADER)},
+        fenced=[1, 2],
+    )
+    assert set(changes(elections.unfence_broker(image, 1))) == set()  # clean: nothing
+    with caplog.at_level(logging.ERROR, logger="controller.elections"):
+        records = elections.unfence_broker(image, 1, unclean=True)
+    assert set(changes(records)) == {0}
+    p = part(replay(image, records), 0)
+    assert (p.leader, p.isr, p.leader_epoch) == (1, (1,), 1)
+    (said,) = [r.getMessage() for r in caplog.records if "UNCLEAN" in r.getMessage()]
+    assert "replica 1, outside the ISR (2,)" in said
+
+
 def test_unfencing_a_broker_in_controlled_shutdown_elects_nothing() -> None:
     image = cluster(partitions={0: ([1, 2], [1], NO_LEADER)}, fenced=[1], shutting_down=[1])
     assert elections.unfence_broker(image, 1) == [rec.unfence_broker(1, epoch_of(1))]
