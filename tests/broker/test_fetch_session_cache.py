@@ -345,4 +345,4 @@ def test_limits_are_checked() -> None:
 
 def test_the_session_modules_are_pure() -> None:
     banned = {"asyncio", "grpc", "socket", "threading", "time", "random", "os"}
-    assert_imports_none_of(["broker/fetch_session.py"], banned)
+    assert_imports_none_of(["broker/fetch_session.py", "broker/fetch_session_client.py"], banned)
