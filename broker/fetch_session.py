@@ -20,7 +20,10 @@ reads it and returns a context, one class per kind of fetch::
 
 A session's epochs run 1, 2, ... 2**31-1, 1, ...: the full fetch that opens it is epoch 0,
 and each incremental request must carry the next. An incremental request that leaves its
-session empty closes it and is served as a sessionless fetch of what it names.
+session empty closes it and is served as a sessionless fetch of what it names; a full fetch
+naming no partition opens no session. An incremental fetch overtaken, while it waited, by
+the next request of its session is answered INVALID_FETCH_SESSION_EPOCH (Kafka's "possible
+duplicate request").
 
 The handler fetches every partition of ``context.partitions`` (for an incremental fetch,
 every partition of the session, named or not: a follower's fetch must report its position
