@@ -3,14 +3,17 @@
 How this works. The node builds the context once its parts exist (the replica manager, the
 fetch purgatory, the producer-id manager, the controller client) and hands it to the
 dispatcher; handlers read the broker's latest metadata image through ``image()`` and never
-keep one across an ``await`` (it may be replaced meanwhile).
+keep one across an ``await`` (it may be replaced meanwhile). The context makes the broker's
+fetch session cache itself, from the settings, with random session ids.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker.fetch_session import FetchSessionCache, SessionLimits
 from broker.producer_ids import ProducerIdManager
 from broker.purgatory import FetchPurgatory
 from broker.replica_manager import ReplicaManager
@@ -32,6 +35,7 @@ class BrokerSettings:
     fetch_max_bytes: int = 57_671_680
     fetch_max_wait_ms: int = 30_000
     controller_request_timeout_ms: int = 30_000
+    fetch_sessions: SessionLimits = field(default_factory=SessionLimits)  # KIP-227
     log_defaults: LogConfig = field(default_factory=LogConfig)  # the node's [log] section
     replication: ReplicationSettings = field(default_factory=lambda: ReplicationSettings())
 
@@ -56,3 +60,10 @@ class BrokerContext:
     producer_ids: ProducerIdManager
     controller: ControllerClient
     image: Callable[[], MetadataImage]  # the latest image applied on this broker
+    fetch_sessions: FetchSessionCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        ids = random.SystemRandom()
+        self.fetch_sessions = FetchSessionCache(
+            self.settings.fetch_sessions, lambda: ids.randint(1, 2**31 - 1)
+        )

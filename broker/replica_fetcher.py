@@ -8,13 +8,18 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
 
 1. builds one Fetch v12 request with ``replica_id`` = this broker and, per partition, the
    fetch offset (its log end), the epoch of its last batch (``last_fetched_epoch``) and the
-   leader epoch it follows (``current_leader_epoch``: the leader fences a stale one);
+   leader epoch it follows (``current_leader_epoch``: the leader fences a stale one), within
+   a fetch session (KIP-227, ``broker.fetch_session_client``): the first request is a full
+   one that opens the session; each later one is incremental, naming only the partitions
+   that are new or whose position changed, and forgetting those no longer fetched (moved to
+   another leader, or resting after an error). The leader still fetches every partition of
+   the session, so idle ones keep reporting this follower's position;
 2. sends it over its own connection to the leader's listener (the address from the metadata
    image) and waits: the leader long-polls up to ``replica_fetch_wait_max_ms``, answering as
    soon as it appends;
-3. handles each partition's answer, first checking that the partition still follows the same
-   leader at the same epoch (an answer for an older epoch is dropped: the follower side of the
-   fencing):
+3. handles each partition's answer (an incremental answer leaves out the partitions with no
+   news), first checking that the partition still follows the same leader at the same epoch
+   (an answer for an older epoch is dropped: the follower side of the fencing):
 
    ``replication.follower.apply_fetch_answer`` does the rest: records are appended verbatim
    with the leader's HW and log start; a diverging epoch truncates (never to a stale HW:
@@ -23,10 +28,11 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the metadata image will bring the new leader or
    epoch) and a storage error rest the partition for ``replica_fetch_backoff_ms``.
 
-A connection error closes the connection; the fetcher reconnects after a backoff that doubles
-up to ``MAX_RECONNECT_BACKOFF_S``. Everything is bounded: the response size
-(``replica_fetch_response_max_bytes``, ``replica_fetch_max_bytes`` per partition) and every
-wait (connect, response).
+A session error in the answer (an unknown session, a wrong epoch) makes the next request a
+full one, sent at once; so does a connection error, which also closes the connection: the
+fetcher reconnects after a backoff that doubles up to ``MAX_RECONNECT_BACKOFF_S``. Everything
+is bounded: the response size (``replica_fetch_response_max_bytes``,
+``replica_fetch_max_bytes`` per partition) and every wait (connect, response).
 
 Concurrency: asyncio, the broker's event loop; partitions are only touched on it.
 """
@@ -44,6 +50,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from broker.fetch_session import FetchPosition
+from broker.fetch_session_client import FetchSessionClient
 from broker.protocol import (
     ApiKey,
     ErrorCode,
@@ -66,6 +74,9 @@ MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
 _SIZE = struct.Struct(">i")
 _READ_LIMIT_BYTES = 1 << 20  # the stream's buffer: big reads of big answers
+_SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
+)
 _RESTING_ERRORS = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -142,8 +153,11 @@ class ReplicaFetcher:
         self.address_of = address_of
         self.followed: dict[PartitionKey, _Followed] = {}
         self.fetches = 0
+        self.full_fetches = 0  # of ``fetches``: the full ones (opening a session)
+        self.session_errors = 0  # answers refusing the session (the next fetch is full)
         self.bytes_appended = 0
         self.truncations = 0
+        self.session = FetchSessionClient()
         self._wanted = asyncio.Event()
         self._connection: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -211,47 +225,70 @@ class ReplicaFetcher:
         return self._connection
 
     def _disconnect(self) -> None:
+        self.session.reset()  # a new connection may reach a restarted leader
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
     async def _fetch(self, connection: _Connection, ready: list[_Followed]) -> Any:
         config = self.config
+        wanted = {f.partition.key: self._position(f) for f in ready}
+        request = self.session.build(wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
-        for followed in ready:
-            partition = followed.partition
-            fetch_offset, last_epoch = partition.fetch_position()
-            topics.setdefault(partition.topic, []).append(
+        for (topic, index), position in request.partitions.items():
+            topics.setdefault(topic, []).append(
                 {
-                    "partition": partition.partition_id,
-                    "current_leader_epoch": followed.leader_epoch,
-                    "fetch_offset": fetch_offset,
-                    "last_fetched_epoch": last_epoch,
-                    "log_start_offset": partition.log_start_offset,
-                    "partition_max_bytes": config.fetch_max_bytes,
+                    "partition": index,
+                    "current_leader_epoch": position.current_leader_epoch,
+                    "fetch_offset": position.fetch_offset,
+                    "last_fetched_epoch": position.last_fetched_epoch,
+                    "log_start_offset": position.log_start_offset,
+                    "partition_max_bytes": position.max_bytes,
                 }
             )
+        forgotten: dict[str, list[int]] = {}
+        for topic, index in request.forgotten:
+            forgotten.setdefault(topic, []).append(index)
         body = {
             "replica_id": config.broker_id,
             "max_wait_ms": config.fetch_wait_max_ms,
             "min_bytes": 1,
             "max_bytes": config.fetch_response_max_bytes,
             "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
+            "session_id": request.session_id,
+            "session_epoch": request.epoch,
             "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
-            "forgotten_topics_data": [],
+            "forgotten_topics_data": [{"topic": t, "partitions": i} for t, i in forgotten.items()],
             "rack_id": "",
         }
+        self.full_fetches += request.full
         timeout_s = (config.fetch_wait_max_ms + config.request_timeout_ms) / 1000
         limit = config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
         async with asyncio.timeout(timeout_s):
             return await connection.request(ApiKey.FETCH, FETCH_VERSION, body, limit)
 
+    def _position(self, followed: _Followed) -> FetchPosition:
+        partition = followed.partition
+        fetch_offset, last_epoch = partition.fetch_position()
+        return FetchPosition(
+            fetch_offset,
+            last_epoch,
+            followed.leader_epoch,
+            partition.log_start_offset,
+            self.config.fetch_max_bytes,
+        )
+
     # -- answers ---------------------------------------------------------------------------
     def _handle(self, response: Any, asked: list[_Followed]) -> None:
-        if response.error_code != ErrorCode.NONE:
-            _log.warning("fetch from broker %d: error %d", self.leader_id, response.error_code)
+        """``asked``: every partition of the session (an incremental answer may leave any
+        out: no news)."""
+        code = response.error_code
+        if not self.session.handle_response(code, response.session_id):
+            if code in _SESSION_ERRORS:  # the next fetch is full, at once
+                self.session_errors += 1
+                _log.info("fetch from broker %d: session error %d", self.leader_id, code)
+                return
+            _log.warning("fetch from broker %d: error %d", self.leader_id, code)
             self._rest_all(asked)
             return
         sent = {f.partition.key: f for f in asked}

@@ -133,6 +133,11 @@ class BrokerConfig:
     fetch_max_wait_ms: int = 30_000  # the longest a Fetch may long-poll, whatever it asks
     fetch_max_waiting: int = 10_000  # long-polling fetches parked at once; more answer at once
     controller_request_timeout_ms: int = 30_000  # a request forwarded to the controller
+    # Fetch sessions (KIP-227): at most this many, holding at most this many partitions in
+    # all; one unused this long is dropped.
+    max_incremental_fetch_session_cache_slots: int = 1000  # Kafka's name; 0: no sessions
+    fetch_session_cache_max_partitions: int = 200_000
+    fetch_session_expiry_ms: int = 120_000
     # Replication (Kafka's names and defaults).
     replica_lag_time_max_ms: int = 30_000  # an ISR follower not caught up this long leaves
     replica_fetch_wait_max_ms: int = 500  # a follower's long poll on its leader
@@ -153,11 +158,24 @@ class BrokerConfig:
             "replica_fetch_max_bytes",
             "replica_fetch_response_max_bytes",
             "replica_high_watermark_checkpoint_interval_ms",
+            "fetch_session_expiry_ms",
         )
         _at_least(
-            self, 0, "fetch_max_wait_ms", "replica_fetch_wait_max_ms", "replica_fetch_backoff_ms"
+            self,
+            0,
+            "fetch_max_wait_ms",
+            "replica_fetch_wait_max_ms",
+            "replica_fetch_backoff_ms",
+            "max_incremental_fetch_session_cache_slots",
+            "fetch_session_cache_max_partitions",
         )
         _flags(self, "auto_create_topics_enable")
+        if self.fetch_session_expiry_ms <= self.fetch_max_wait_ms:
+            # A consumer's session must outlive the longest long poll it may wait out.
+            raise ValueError(
+                f"fetch_session_expiry_ms ({self.fetch_session_expiry_ms}) must be above "
+                f"fetch_max_wait_ms ({self.fetch_max_wait_ms})"
+            )
         if self.replica_fetch_wait_max_ms >= self.replica_lag_time_max_ms:
             # As Kafka requires: a follower waiting out one long poll must not leave the ISR.
             raise ValueError(

@@ -140,16 +140,21 @@ def _replication_metrics(
     kafka: KafkaBroker, leaders: list[Partition], labels: list[str], node_id: str
 ) -> Iterator[GaugeMetricFamily]:
     """Kafka's UnderReplicatedPartitions and UnderMinIsrPartitions (of the partitions led
-    here), the followers' fetchers, and the leaders' ISR proposals."""
+    here), the followers' fetchers, the fetch sessions and the leaders' ISR proposals."""
     under = sum(1 for p in leaders if len(p.isr) < len(p.replicas))
     under_min = sum(1 for p in leaders if len(p.isr) < p.min_insync_replicas)
     fetchers = list(kafka.fetchers.fetchers.values())
+    sessions = kafka.context.fetch_sessions
     for name, doc, value in (
         ("under_replicated_partitions", "Partitions led here whose ISR lacks a replica", under),
         ("under_min_isr_partitions", "Partitions led here below min.insync.replicas", under_min),
         ("partitions_following", "Partitions this broker fetches as a follower",
          kafka.fetchers.following()),
         ("replica_fetches", "Follower fetches answered so far", sum(f.fetches for f in fetchers)),
+        ("replica_full_fetches", "Follower fetches sent in full (opening a fetch session) so far",
+         sum(f.full_fetches for f in fetchers)),
+        ("replica_fetch_session_errors", "Follower fetches refused for their session so far",
+         sum(f.session_errors for f in fetchers)),
         ("replica_bytes_appended", "Bytes appended as a follower so far",
          sum(f.bytes_appended for f in fetchers)),
         ("replica_truncations", "Follower truncations (diverging epochs, out of range) so far",
@@ -158,6 +163,13 @@ def _replication_metrics(
          kafka.alter_partition.sent),
         ("isr_changes_refused", "ISR changes the controller refused so far",
          kafka.alter_partition.refused),
+        ("fetch_sessions", "Fetch sessions (KIP-227) open here now", sessions.size),
+        ("fetch_session_partitions", "Partitions cached in fetch sessions now",
+         sessions.partitions),
+        ("fetch_session_evictions", "Fetch sessions evicted to make room so far",
+         sessions.evictions),
+        ("fetch_session_expirations", "Fetch sessions dropped unused so far",
+         sessions.expirations),
     ):  # fmt: skip
         yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import uvloop
 
 from broker.context import BrokerSettings, ReplicationSettings
+from broker.fetch_session import SessionLimits
 from broker.lifecycle import BrokerLifecycle, BrokerState
 from broker.replica_read import ReplicaManagerSource, ReplicaReadService
 from broker.runtime import DataDirOffline, KafkaBroker
@@ -130,6 +131,11 @@ class RunnelNode:
             fetch_max_bytes=b.fetch_max_bytes,
             fetch_max_wait_ms=b.fetch_max_wait_ms,
             controller_request_timeout_ms=b.controller_request_timeout_ms,
+            fetch_sessions=SessionLimits(
+                max_sessions=b.max_incremental_fetch_session_cache_slots,
+                max_partitions=b.fetch_session_cache_max_partitions,
+                expiry_ms=b.fetch_session_expiry_ms,
+            ),
             log_defaults=config.log,
             replication=ReplicationSettings(
                 replica_lag_time_max_ms=b.replica_lag_time_max_ms,

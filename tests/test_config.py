@@ -327,6 +327,16 @@ def test_a_wrong_type_in_a_variable_names_the_variable(
             "raft_transport.max_message_bytes",
             "cannot carry 8388608 bytes",
         ),
+        (
+            {"broker": {"fetch_session_expiry_ms": 30_000}},
+            "broker.fetch_session_expiry_ms",
+            "must be above fetch_max_wait_ms (30000)",
+        ),
+        (
+            {"broker": {"max_incremental_fetch_session_cache_slots": -1}},
+            "broker.max_incremental_fetch_session_cache_slots",
+            "at least 0",
+        ),
         ({"metrics_port": 70000}, "metrics_port", "out of range"),
         ({"metrics_port": 9092}, "metrics_port", "already used by a listener"),
         ({"rack": " "}, "rack", "is empty"),

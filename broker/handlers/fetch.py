@@ -16,9 +16,15 @@ diverging epoch instead of records when the follower's last fetched epoch disagr
 leader's log. Follower fetches park in their own purgatory, woken by every leader append
 rather than by the high watermark.
 
+Fetch sessions (KIP-227, ``broker.fetch_session``): the broker's session cache says, from the
+request's session id and epoch, which partitions to read (for an incremental request, every
+partition of its session, named or not, so a follower's position is reported for its idle
+partitions too) and, once they are read, which answers go out (an incremental answer carries
+only partitions with news) and with which session id. A session error (an unknown session,
+a wrong epoch) is answered at the top level with no partitions.
+
 read_committed reads to the last stable offset, which equals the high watermark: runnel has
-no transactions. Fetch sessions (KIP-227) are declined: a request to open one is answered
-with session id 0, which tells the client to keep sending full requests.
+no transactions.
 """
 
 from __future__ import annotations
@@ -27,6 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.context import BrokerContext
+from broker.fetch_session import (
+    FINAL_EPOCH,
+    NO_SESSION,
+    FetchContext,
+    FetchPosition,
+    News,
+    PartitionKey,
+    SessionRequest,
+)
 from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
 from controller.image import MetadataImage
@@ -37,19 +52,12 @@ from storage.segment import FileSlice
 __all__ = ["fetch"]
 
 READ_COMMITTED = 1
-NO_SESSION = 0
-FINAL_EPOCH = -1
-INITIAL_EPOCH = 0
 
 
 @dataclass(slots=True)
 class _Wanted:
-    topic: str
-    index: int
-    fetch_offset: int
-    max_bytes: int
-    current_leader_epoch: int
-    last_fetched_epoch: int
+    key: PartitionKey
+    position: FetchPosition
     replica: Partition | int  # the replica here, or the error code saying why none
 
 
@@ -61,33 +69,37 @@ class _Plan:
     committed: bool
 
 
-def _session_error(request: Any) -> int:
-    session_id = getattr(request, "session_id", NO_SESSION)
-    epoch = getattr(request, "session_epoch", FINAL_EPOCH)
-    if session_id != NO_SESSION:
-        return ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-    if epoch not in (FINAL_EPOCH, INITIAL_EPOCH):
-        return ErrorCode.INVALID_FETCH_SESSION_EPOCH
-    return ErrorCode.NONE
-
-
-def _plan(context: BrokerContext, request: Any) -> _Plan:
-    image = context.image()
-    wanted = []
+def _session_request(request: Any) -> SessionRequest:
+    partitions: dict[PartitionKey, FetchPosition] = {}
     for topic in request.topics:
         for p in topic.partitions:
-            found = lookup_partition(context, image, topic.topic, p.partition)
-            wanted.append(
-                _Wanted(
-                    topic.topic,
-                    p.partition,
-                    p.fetch_offset,
-                    p.partition_max_bytes,
-                    getattr(p, "current_leader_epoch", -1),
-                    getattr(p, "last_fetched_epoch", -1),
-                    found,
-                )
+            partitions[topic.topic, p.partition] = FetchPosition(
+                p.fetch_offset,
+                getattr(p, "last_fetched_epoch", -1),
+                getattr(p, "current_leader_epoch", -1),
+                getattr(p, "log_start_offset", -1),
+                p.partition_max_bytes,
             )
+    forgotten = [
+        (topic.topic, index)
+        for topic in getattr(request, "forgotten_topics_data", None) or ()
+        for index in topic.partitions
+    ]
+    return SessionRequest(
+        getattr(request, "session_id", NO_SESSION),
+        getattr(request, "session_epoch", FINAL_EPOCH),
+        request.replica_id,
+        partitions,
+        forgotten,
+    )
+
+
+def _plan(context: BrokerContext, request: Any, session: FetchContext) -> _Plan:
+    image = context.image()
+    wanted = [
+        _Wanted(key, position, lookup_partition(context, image, key[0], key[1]))
+        for key, position in session.partitions
+    ]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     return _Plan(wanted, max_bytes, request.replica_id, committed)
@@ -95,7 +107,7 @@ def _plan(context: BrokerContext, request: Any) -> _Plan:
 
 def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "partition_index": w.index,
+        "partition_index": w.key[1],
         "error_code": code,
         "high_watermark": -1,
         "last_stable_offset": -1,
@@ -103,65 +115,70 @@ def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
         "records": b"",
     }
     if code == ErrorCode.NOT_LEADER_OR_FOLLOWER or code == ErrorCode.FENCED_LEADER_EPOCH:
-        topic = image.topic_by_name(w.topic)
-        state = topic.partitions.get(w.index) if topic is not None else None
+        topic = image.topic_by_name(w.key[0])
+        state = topic.partitions.get(w.key[1]) if topic is not None else None
         if state is not None:
             out["current_leader"] = {"leader_id": state.leader, "leader_epoch": state.leader_epoch}
     return out
 
 
 def _read(plan: _Plan, image: MetadataImage, now_ms: int) -> tuple[list[dict[str, Any]], int, bool]:
-    """Every partition's answer, the bytes they carry, and whether one must be answered at
-    once (an error, or a diverging epoch)."""
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+    """Every partition's answer (in ``plan.wanted``'s order), the bytes they carry, and
+    whether one must be answered at once (an error, or a diverging epoch)."""
+    answers = []
     left, total, urgent = plan.max_bytes, 0, False
     for w in plan.wanted:
         replica = w.replica
         if not isinstance(replica, Partition):
             answer = _error(image, w, replica)
         else:
+            max_bytes = min(w.position.max_bytes, left)
             try:
-                answer = _read_one(plan, w, replica, min(w.max_bytes, left), total == 0, now_ms)
+                answer = _read_one(plan, w, replica, max_bytes, total == 0, now_ms)
             except Exception as e:  # mapped; a bug is logged by error_code_of
                 answer = _error(image, w, error_code_of(e))
                 if isinstance(e, ReplicationError) and e.code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     answer["high_watermark"] = replica.high_watermark
                     answer["log_start_offset"] = replica.log_start_offset
             else:
-                records = answer["records"]
-                size = records.length if isinstance(records, FileSlice) else 0
+                size = _records_bytes(answer)
                 total += size
                 left = max(0, left - size)
         urgent = urgent or answer["error_code"] != ErrorCode.NONE or "diverging_epoch" in answer
-        by_topic.setdefault(w.topic, []).append(answer)
-    responses = [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]
-    return responses, total, urgent
+        answers.append(answer)
+    return answers, total, urgent
+
+
+def _records_bytes(answer: dict[str, Any]) -> int:
+    records = answer["records"]
+    return records.length if isinstance(records, FileSlice) else len(records)
 
 
 def _read_one(
     plan: _Plan, w: _Wanted, replica: Partition, max_bytes: int, first: bool, now_ms: int
 ) -> dict[str, Any]:
     diverging = None
+    position = w.position
     if plan.replica_id >= 0:
         found = replica.read_for_follower(
             plan.replica_id,
-            w.fetch_offset,
+            position.fetch_offset,
             max_bytes,
-            last_fetched_epoch=w.last_fetched_epoch,
-            current_leader_epoch=w.current_leader_epoch,
+            last_fetched_epoch=position.last_fetched_epoch,
+            current_leader_epoch=position.current_leader_epoch,
             now_ms=now_ms,
             min_one_batch=first,
         )
         data, diverging = found.data, found.diverging
     else:
         data = replica.read(
-            w.fetch_offset,
+            position.fetch_offset,
             max_bytes,
-            current_leader_epoch=w.current_leader_epoch,
+            current_leader_epoch=position.current_leader_epoch,
             min_one_batch=first,
         )
     answer: dict[str, Any] = {
-        "partition_index": w.index,
+        "partition_index": w.key[1],
         "error_code": ErrorCode.NONE,
         # The replica's, not the read's: a follower's fetch may just have moved it.
         "high_watermark": replica.high_watermark,
@@ -177,36 +194,67 @@ def _read_one(
 
 
 def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
-    session_error = _session_error(request)
-    if session_error != ErrorCode.NONE:
-        return {"error_code": session_error, "session_id": NO_SESSION, "responses": []}
-    plan = _plan(context, request)
     clock_ms = context.replicas.clock_ms
-    responses, total, urgent = _read(plan, context.image(), clock_ms())
+    session = context.fetch_sessions.begin(_session_request(request), clock_ms())
+    if session.error_code != ErrorCode.NONE:
+        return _refused(session.error_code, NO_SESSION)
+    plan = _plan(context, request, session)
+    answers, total, urgent = _read(plan, context.image(), clock_ms())
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
     if total >= request.min_bytes or wait_ms <= 0 or urgent or not plan.wanted:
-        return _response(responses)
-    return _long_poll(context, request, plan, request.min_bytes - total, wait_ms)
+        return _response(session, plan, answers, clock_ms())
+    return _long_poll(context, request, session, plan, request.min_bytes - total, wait_ms)
 
 
 async def _long_poll(
-    context: BrokerContext, request: Any, plan: _Plan, min_bytes: int, wait_ms: int
+    context: BrokerContext,
+    request: Any,
+    session: FetchContext,
+    plan: _Plan,
+    min_bytes: int,
+    wait_ms: int,
 ) -> dict[str, Any]:
-    keys = [(w.topic, w.index) for w in plan.wanted]
+    keys = [w.key for w in plan.wanted]
     purgatory = context.purgatory
     if plan.replica_id >= 0 and context.replicas.replica_purgatory is not None:
         purgatory = context.replicas.replica_purgatory
     await purgatory.wait(keys, min_bytes, wait_ms)
     # Look the replicas up again: one may have moved or gone while the request waited.
-    plan = _plan(context, request)
-    responses, _, _ = _read(plan, context.image(), context.replicas.clock_ms())
-    return _response(responses)
+    plan = _plan(context, request, session)
+    clock_ms = context.replicas.clock_ms
+    answers, _, _ = _read(plan, context.image(), clock_ms())
+    return _response(session, plan, answers, clock_ms())
 
 
-def _response(responses: list[dict[str, Any]]) -> dict[str, Any]:
+def _response(
+    session: FetchContext, plan: _Plan, answers: list[dict[str, Any]], now_ms: int
+) -> dict[str, Any]:
+    said = session.finish([_news(answer) for answer in answers], now_ms)
+    if said.error_code != ErrorCode.NONE:  # overtaken by the session's next request
+        return _refused(said.error_code, said.session_id)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for w, answer, include in zip(plan.wanted, answers, said.include, strict=True):
+        if include:
+            by_topic.setdefault(w.key[0], []).append(answer)
     return {
         "throttle_time_ms": 0,
         "error_code": ErrorCode.NONE,
-        "session_id": NO_SESSION,
-        "responses": responses,
+        "session_id": said.session_id,
+        "responses": [{"topic": t, "partitions": parts} for t, parts in by_topic.items()],
     }
+
+
+def _refused(code: int, session_id: int) -> dict[str, Any]:
+    """A session error: no partition is answered."""
+    return {"throttle_time_ms": 0, "error_code": code, "session_id": session_id, "responses": []}
+
+
+def _news(answer: dict[str, Any]) -> News:
+    return News(
+        _records_bytes(answer),
+        answer["high_watermark"],
+        answer["last_stable_offset"],
+        answer["log_start_offset"],
+        answer["error_code"],
+        "diverging_epoch" in answer,
+    )

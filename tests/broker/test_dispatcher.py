@@ -236,8 +236,8 @@ def test_find_coordinator_says_no_coordinator_at_every_version(broker: Harness) 
     ]
 
 
-def test_fetch_sessions_are_declined(broker: Harness) -> None:
-    def fetch(session_id: int, epoch: int) -> Any:
+def test_fetch_sessions_open_and_refuse_unknown_sessions(broker: Harness) -> None:
+    def fetch(session_id: int, epoch: int, partitions: list[int], version: int = 12) -> Any:
         body = {
             "replica_id": -1,
             "max_wait_ms": 0,
@@ -245,11 +245,27 @@ def test_fetch_sessions_are_declined(broker: Harness) -> None:
             "max_bytes": 1 << 20,
             "session_id": session_id,
             "session_epoch": epoch,
-            "topics": [],
+            "topics": [
+                {
+                    "topic": "orders",
+                    "partitions": [
+                        {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                        for p in partitions
+                    ],
+                }
+            ],
         }
-        return broker.ask(ApiKey.FETCH, 12, body)
+        return broker.ask(ApiKey.FETCH, version, body)
 
-    opened = fetch(0, 0)  # a client asking to open a session
-    assert (opened.error_code, opened.session_id) == (ErrorCode.NONE, 0)
-    assert fetch(7, 1).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-    assert fetch(0, 3).error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    empty = fetch(0, 0, [])  # nothing to cache: no session
+    assert (empty.error_code, empty.session_id) == (ErrorCode.NONE, 0)
+    opened = fetch(0, 0, [0])
+    assert opened.error_code == ErrorCode.NONE and opened.session_id > 0
+    assert [p.partition_index for p in opened.responses[0].partitions] == [0]
+    again = fetch(opened.session_id, 1, [])
+    assert (again.error_code, again.session_id, again.responses) == (0, opened.session_id, [])
+    assert fetch(opened.session_id, 1, []).error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    assert fetch(7, 1, []).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert fetch(0, 3, []).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND  # 0: no session
+    old = fetch(0, 0, [0], version=6)  # before sessions: always sessionless, in full
+    assert [p.partition_index for p in old.responses[0].partitions] == [0]

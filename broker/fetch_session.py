@@ -1,0 +1,415 @@
+"""Fetch sessions (KIP-227), the leader's side: for each session, the partitions its client
+fetches, from where, and what the client last heard of each; so the client's next request
+names only what changed, and the answer carries only what changed.
+
+How this works. A Fetch carries ``(session_id, session_epoch)``; ``FetchSessionCache.begin``
+reads it and returns a context, one class per kind of fetch::
+
+    (0, -1)   Sessionless       a full fetch: the request names every partition; answered
+                                in full with session id 0
+    (0, 0)    FullFetch         a full fetch that opens a session: answered in full with the
+                                new session's id, or 0 when none is made (see the bounds)
+    (S, 0)    FullFetch         closes session S first (if the same replica id opened it)
+    (S, -1)   Sessionless       closes session S first
+    (S, N)    IncrementalFetch  N must be S's next epoch; the request's partitions are added
+                                to or updated in S, then ``forgotten_topics_data`` removed
+    errors    SessionError      S unknown (or opened by another replica id):
+                                FETCH_SESSION_ID_NOT_FOUND; N not its next epoch:
+                                INVALID_FETCH_SESSION_EPOCH. Answered with no partitions and
+                                session id 0; the client's next fetch is a full one
+
+A session's epochs run 1, 2, ... 2**31-1, 1, ...: the full fetch that opens it is epoch 0,
+and each incremental request must carry the next. An incremental request that leaves its
+session empty closes it and is served as a sessionless fetch of what it names; a full fetch
+naming no partition opens no session. An incremental fetch overtaken, while it waited, by
+the next request of its session is answered INVALID_FETCH_SESSION_EPOCH (Kafka's "possible
+duplicate request").
+
+The handler fetches every partition of ``context.partitions`` (for an incremental fetch,
+every partition of the session, named or not: a follower's fetch must report its position
+for idle partitions too, or the leader would drop it from the ISR), perhaps after a long
+poll, and calls ``context.finish(news, now_ms)`` with what each answer says. ``finish``
+opens a full fetch's session and says the session id to answer with; for an incremental
+fetch it says which answers go out: those with something the client has not heard
+(records, a changed high watermark, last stable offset or log start offset, an error, a
+diverging epoch), as Kafka's ``CachedPartition.maybeUpdateResponseData``. After an error the
+cached high watermark is forgotten, so the partition is answered again once it clears.
+Answered partitions move to the end of the session's order, so a response's size limits
+do not starve the partitions after them (Kafka does the same).
+
+Bounds. At most ``max_sessions`` sessions (Kafka's max.incremental.fetch.session.cache.slots)
+holding at most ``max_partitions`` partitions in all. A session unused for ``expiry_ms`` is
+dropped. runnel's eviction rule, simpler than Kafka's: a full fetch that does not fit may
+evict the least recently used *consumer* sessions, and only a follower's (replica id >= 0)
+may do so; a consumer's full fetch that does not fit opens no session (answered with
+session id 0, its client goes on fetching in full). An incremental request that would take
+the cache over ``max_partitions`` closes its session (FETCH_SESSION_ID_NOT_FOUND). Kafka has
+no partition bound; its eviction also weighs session sizes and ages.
+
+Pure logic: no I/O, no clock (``now_ms`` is an argument), no randomness of its own (session
+ids come from the ``new_session_id`` function given). Not thread-safe: the broker's event
+loop owns it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from broker.protocol import ErrorCode
+from storage.errors import invariant
+
+__all__ = [
+    "DEFAULT_EXPIRY_MS",
+    "DEFAULT_MAX_PARTITIONS",
+    "DEFAULT_MAX_SESSIONS",
+    "FINAL_EPOCH",
+    "INITIAL_EPOCH",
+    "NO_SESSION",
+    "FetchContext",
+    "FetchPosition",
+    "FetchSessionCache",
+    "FullFetch",
+    "IncrementalFetch",
+    "News",
+    "PartitionKey",
+    "SessionAnswer",
+    "SessionError",
+    "SessionLimits",
+    "SessionRequest",
+    "Sessionless",
+    "next_epoch",
+]
+
+NO_SESSION = 0  # a request's session id when it has none; an answer's when none is open
+INITIAL_EPOCH = 0  # a full fetch that opens a session
+FINAL_EPOCH = -1  # a full fetch without a session (it closes the one it names)
+MAX_EPOCH = 2**31 - 1
+MAX_SESSION_ID = 2**31 - 1
+MAX_ID_DRAWS = 64  # a random 31-bit id collides this often only if the generator is broken
+
+DEFAULT_MAX_SESSIONS = 1000  # Kafka's max.incremental.fetch.session.cache.slots
+DEFAULT_MAX_PARTITIONS = 200_000
+DEFAULT_EXPIRY_MS = 120_000  # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS
+
+PartitionKey = tuple[str, int]  # (topic name, partition id)
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch``: 1 after 0 and after the largest, -1 after a negative one."""
+    if epoch < 0:
+        return FINAL_EPOCH
+    return 1 if epoch == MAX_EPOCH else epoch + 1
+
+
+class FetchPosition(NamedTuple):
+    """What a Fetch request says of one partition (its FetchPartition fields)."""
+
+    fetch_offset: int
+    last_fetched_epoch: int = -1
+    current_leader_epoch: int = -1
+    log_start_offset: int = -1  # the fetcher's own
+    max_bytes: int = 1_048_576
+
+
+class SessionRequest(NamedTuple):
+    """A Fetch request as far as sessions go."""
+
+    session_id: int
+    epoch: int
+    replica_id: int  # >= 0: a follower's fetch
+    partitions: dict[PartitionKey, FetchPosition]  # named, in request order
+    forgotten: Sequence[PartitionKey] = ()
+
+
+class News(NamedTuple):
+    """What one partition's answer tells the client, as far as sessions compare."""
+
+    records_bytes: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    error_code: int = ErrorCode.NONE
+    diverging: bool = False
+
+
+class SessionAnswer(NamedTuple):
+    """How to answer: the top-level error, the session id, and which partitions go out
+    (one flag per ``context.partitions`` entry, in that order)."""
+
+    error_code: int
+    session_id: int
+    include: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    expiry_ms: int = DEFAULT_EXPIRY_MS
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 0 or self.max_partitions < 0 or self.expiry_ms < 1:
+            raise ValueError(f"bad fetch session limits: {self}")
+
+
+@dataclass(slots=True)
+class _Cached:
+    """One partition of a session: the client's last request for it, and the offsets the
+    client last heard (-1: nothing yet, or an error since)."""
+
+    position: FetchPosition
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+
+    def heard(self, news: News) -> None:
+        self.high_watermark = -1 if news.error_code != ErrorCode.NONE else news.high_watermark
+        self.last_stable_offset = news.last_stable_offset
+        self.log_start_offset = news.log_start_offset
+
+    def must_answer(self, news: News) -> bool:
+        return (
+            news.records_bytes > 0
+            or news.error_code != ErrorCode.NONE
+            or news.diverging
+            or news.high_watermark != self.high_watermark
+            or news.last_stable_offset != self.last_stable_offset
+            or news.log_start_offset != self.log_start_offset
+        )
+
+
+@dataclass(slots=True)
+class _Session:
+    id: int
+    replica_id: int
+    epoch: int  # the epoch the next incremental request must carry
+    last_used_ms: int
+    partitions: dict[PartitionKey, _Cached] = field(default_factory=dict)
+
+    @property
+    def privileged(self) -> bool:
+        return self.replica_id >= 0
+
+    def update(
+        self, named: dict[PartitionKey, FetchPosition], forgotten: Iterable[PartitionKey]
+    ) -> None:
+        """Kafka's order: add or update what is named, then remove what is forgotten."""
+        partitions = self.partitions
+        for key, position in named.items():
+            cached = partitions.get(key)
+            if cached is None:
+                partitions[key] = _Cached(position)
+            else:
+                cached.position = position
+        for key in forgotten:
+            partitions.pop(key, None)
+
+
+class SessionError:
+    """A request naming a session that is gone or at another epoch: nothing is fetched."""
+
+    def __init__(self, error_code: int) -> None:
+        self.error_code = error_code
+        self.partitions: list[tuple[PartitionKey, FetchPosition]] = []
+
+    def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
+        return SessionAnswer(self.error_code, NO_SESSION, ())
+
+
+class Sessionless:
+    """A full fetch without a session: everything it names is answered."""
+
+    error_code = ErrorCode.NONE
+
+    def __init__(self, partitions: dict[PartitionKey, FetchPosition]) -> None:
+        self.partitions = list(partitions.items())
+
+    def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
+        return SessionAnswer(ErrorCode.NONE, NO_SESSION, (True,) * len(news))
+
+
+class FullFetch:
+    """A full fetch opening a session (made when the answer is, if it fits)."""
+
+    error_code = ErrorCode.NONE
+
+    def __init__(self, cache: FetchSessionCache, request: SessionRequest) -> None:
+        self.cache = cache
+        self.replica_id = request.replica_id
+        self.partitions = list(request.partitions.items())
+
+    def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
+        invariant(len(news) == len(self.partitions), "one answer per partition")
+        session_id = self.cache.open(self.replica_id, self.partitions, news, now_ms)
+        return SessionAnswer(ErrorCode.NONE, session_id, (True,) * len(news))
+
+
+class IncrementalFetch:
+    """The next request of a session: every partition of the session is fetched, and only
+    those with news are answered."""
+
+    error_code = ErrorCode.NONE
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.epoch = session.epoch  # the session's epoch once this request is taken
+        self.partitions = [(key, c.position) for key, c in session.partitions.items()]
+
+    def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
+        invariant(len(news) == len(self.partitions), "one answer per partition")
+        session = self.session
+        if session.epoch != self.epoch:
+            # A later request of this session was taken while this one waited (a client
+            # sending twice): this one's answer would tell it news twice, or never.
+            return SessionAnswer(ErrorCode.INVALID_FETCH_SESSION_EPOCH, session.id, ())
+        include = []
+        partitions = session.partitions
+        for (key, _), said in zip(self.partitions, news, strict=True):
+            cached = partitions.get(key)
+            answer = cached is not None and cached.must_answer(said)
+            if cached is not None and answer:
+                cached.heard(said)
+                del partitions[key]
+                partitions[key] = cached  # to the end of the session's order
+            include.append(answer)
+        return SessionAnswer(ErrorCode.NONE, session.id, tuple(include))
+
+
+FetchContext = SessionError | Sessionless | FullFetch | IncrementalFetch
+
+
+class _Lane:
+    """The sessions of one kind (followers' or consumers'), least recently used first."""
+
+    __slots__ = ("partitions", "sessions")
+
+    def __init__(self) -> None:
+        self.sessions: OrderedDict[int, _Session] = OrderedDict()
+        self.partitions = 0
+
+
+class FetchSessionCache:
+    """Every fetch session of this broker (module doc)."""
+
+    def __init__(self, limits: SessionLimits, new_session_id: Callable[[], int]) -> None:
+        self.limits = limits
+        self.new_session_id = new_session_id
+        self._lanes = {True: _Lane(), False: _Lane()}  # by privilege: followers' first
+        self._sessions: dict[int, _Session] = {}
+        self.evictions = 0  # sessions evicted to make room so far
+        self.expirations = 0  # sessions dropped after expiry_ms unused so far
+
+    @property
+    def size(self) -> int:
+        """Sessions open now."""
+        return len(self._sessions)
+
+    @property
+    def partitions(self) -> int:
+        """Partitions cached now, in all sessions."""
+        return sum(lane.partitions for lane in self._lanes.values())
+
+    def epoch_of(self, session_id: int) -> int | None:
+        """The epoch session ``session_id``'s next request must carry; None if none open."""
+        session = self._sessions.get(session_id)
+        return None if session is None else session.epoch
+
+    def begin(self, request: SessionRequest, now_ms: int) -> FetchContext:
+        """Take one Fetch request: the context it is served in (module doc)."""
+        self._expire(now_ms)
+        if request.epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            found = self._sessions.get(request.session_id)
+            if found is not None and found.replica_id == request.replica_id:
+                self._remove(found.id)
+            if request.epoch == FINAL_EPOCH:
+                return Sessionless(request.partitions)
+            return FullFetch(self, request)
+        session = self._sessions.get(request.session_id)
+        if session is None or session.replica_id != request.replica_id:
+            return SessionError(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+        if session.epoch != request.epoch:
+            return SessionError(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+        lane = self._lanes[session.privileged]
+        before = len(session.partitions)
+        session.update(request.partitions, request.forgotten)
+        lane.partitions += len(session.partitions) - before
+        if not session.partitions:
+            self._remove(session.id)
+            return Sessionless(request.partitions)
+        if self.partitions > self.limits.max_partitions:
+            self._remove(session.id)
+            return SessionError(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+        session.epoch = next_epoch(session.epoch)
+        session.last_used_ms = now_ms
+        lane.sessions.move_to_end(session.id)
+        return IncrementalFetch(session)
+
+    def open(
+        self,
+        replica_id: int,
+        partitions: Sequence[tuple[PartitionKey, FetchPosition]],
+        news: Sequence[News],
+        now_ms: int,
+    ) -> int:
+        """A new session of ``partitions``, whose client has just heard ``news``: its id,
+        or NO_SESSION if it does not fit (module doc: bounds)."""
+        privileged = replica_id >= 0
+        if not partitions or not self._make_room(privileged, len(partitions)):
+            return NO_SESSION
+        session = _Session(self._unused_id(), replica_id, next_epoch(INITIAL_EPOCH), now_ms)
+        for (key, position), said in zip(partitions, news, strict=True):
+            cached = _Cached(position)
+            cached.heard(said)
+            session.partitions[key] = cached
+        lane = self._lanes[privileged]
+        lane.sessions[session.id] = session
+        lane.partitions += len(session.partitions)
+        self._sessions[session.id] = session
+        return session.id
+
+    def _make_room(self, privileged: bool, size: int) -> bool:
+        """Whether a session of ``size`` partitions fits, evicting consumers' sessions for a
+        follower's if that makes it fit."""
+        limits, consumers = self.limits, self._lanes[False]
+
+        def fits(sessions: int, partitions: int) -> bool:
+            return sessions < limits.max_sessions and partitions + size <= limits.max_partitions
+
+        if fits(len(self._sessions), self.partitions):
+            return True
+        followers = self._lanes[True]
+        if not privileged or not fits(len(followers.sessions), followers.partitions):
+            return False
+        while not fits(len(self._sessions), self.partitions):
+            oldest = next(iter(consumers.sessions))
+            self._remove(oldest)
+            self.evictions += 1
+        return True
+
+    def _unused_id(self) -> int:
+        for _ in range(MAX_ID_DRAWS):
+            candidate = self.new_session_id()
+            if 0 < candidate <= MAX_SESSION_ID and candidate not in self._sessions:
+                return candidate
+        invariant(False, f"no unused session id in {MAX_ID_DRAWS} draws: a broken generator")
+        return NO_SESSION  # unreachable
+
+    def _expire(self, now_ms: int) -> None:
+        expiry_ms = self.limits.expiry_ms
+        for lane in self._lanes.values():
+            while lane.sessions:
+                oldest = next(iter(lane.sessions.values()))
+                if now_ms - oldest.last_used_ms <= expiry_ms:
+                    break
+                self._remove(oldest.id)
+                self.expirations += 1
+
+    def _remove(self, session_id: int) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            lane = self._lanes[session.privileged]
+            del lane.sessions[session_id]
+            lane.partitions -= len(session.partitions)

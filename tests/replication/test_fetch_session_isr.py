@@ -1,0 +1,84 @@
+"""Follower fetch sessions on real processes (1 controller, 3 brokers: ``cluster.py``): idle
+partitions' followers fetch incrementally, naming nothing, and still stay in the ISR for many
+times ``replica_lag_time_max_ms``, because the leader fetches every partition of a session
+and so hears each follower's position at every fetch.
+
+Each broker's metrics endpoint gives the counts the test reads: a follower's fetches and how
+many were full, a leader's ISR proposals and its open fetch sessions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from runnel.local_cluster import Port
+
+
+def load_fixture_module() -> ModuleType:
+    """``cluster.py`` beside this file, under the name test_cluster_replication.py gives it
+    (``tests/raft`` has a top-level ``cluster`` module too)."""
+    name = "replication_fault_cluster"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+rc = load_fixture_module()
+replication_cluster = rc.replication_cluster
+Cluster = rc.Cluster
+
+LAG_MS = 1500
+WINDOW_LAGS = 4  # how many lag times the ISR is watched for
+_SAMPLE = re.compile(r'^runnel_kafka_(\w+)\{node_id="(\d+)"\} (\S+)$', re.MULTILINE)
+
+
+def metrics(c: Cluster, broker: int) -> dict[str, float]:
+    port = c.spec.node(broker).ports[Port.METRICS]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {name: float(value) for name, _, value in _SAMPLE.findall(text)}
+
+
+@pytest.mark.slow
+@rc.with_settings(broker={"replica_lag_time_max_ms": LAG_MS})
+def test_idle_followers_stay_in_the_isr_on_incremental_fetches(
+    replication_cluster: Cluster,
+) -> None:
+    c, topic = replication_cluster, "idle-sessions"
+    views = c.create_topic(topic, 3)  # a full ISR; nothing is ever produced
+    leaders = {v.leader for v in views}
+    time.sleep(1.0)  # every follower's first (full) fetch has opened its session
+    before = {b: metrics(c, b) for b in rc.BROKERS}
+    c.note(f"watching the ISR of {topic} for {WINDOW_LAGS} lag times of {LAG_MS} ms")
+    deadline = time.monotonic() + WINDOW_LAGS * LAG_MS / 1000
+    watched = 0
+    while time.monotonic() < deadline:
+        for broker in rc.BROKERS:
+            for view in c.partitions(topic, [broker]):
+                assert view.isr == rc.BROKERS, f"{view} as {broker} sees it\n{c.story()}"
+        watched += 1
+        time.sleep(0.2)
+    after = {b: metrics(c, b) for b in rc.BROKERS}
+    c.note(f"{watched} ISR checks; metrics before {before}, after {after}")
+    for broker in rc.BROKERS:
+        was, now = before[broker], after[broker]
+        assert now["isr_changes_proposed"] == was["isr_changes_proposed"], broker
+        assert now["replica_full_fetches"] == was["replica_full_fetches"] >= 1, broker
+        assert now["replica_fetch_session_errors"] == 0, broker
+        # Idle: each fetch long-polls replica_fetch_wait_max_ms (500) and comes back empty.
+        fetched = now["replica_fetches"] - was["replica_fetches"]
+        assert fetched >= WINDOW_LAGS * LAG_MS / 500 / 2, (broker, fetched)
+    for leader in leaders:  # a session from each of its partitions' followers
+        assert after[leader]["fetch_sessions"] >= 2, (leader, after[leader])
