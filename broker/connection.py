@@ -250,11 +250,15 @@ class ResponseQueue:
 
     def _send(self, sock: socket.socket) -> int:
         buffers: list[bytes | bytearray | memoryview] = []
+        flags = 0
         for part in islice(self._out, _IOV_MAX):
             if isinstance(part, _FileRun):
+                # Records follow at once (sendfile): let the kernel put them in the same
+                # segments as these bytes, so the peer is not woken for a header alone.
+                flags = socket.MSG_MORE
                 break
             buffers.append(part)
-        return sock.sendmsg(buffers)
+        return sock.sendmsg(buffers, (), flags)
 
     @staticmethod
     def _send_file(sock: socket.socket, run: _FileRun) -> int:
