@@ -427,16 +427,25 @@ class Partition:
         self._maybe_advance_high_watermark()
         return info
 
-    def await_commit(self, info: AppendInfo, callback: CommitCallback) -> None:
+    def await_commit(self, info: AppendInfo, callback: CommitCallback) -> Callable[[], None]:
         """Call ``callback(None)`` once the high watermark passes ``info``'s last offset (at
         once if it has), or ``callback(error)`` when the wait fails (module doc). The
-        caller bounds the wait with its own timeout."""
+        caller bounds the wait with its own timeout, and then calls the function returned,
+        which forgets the wait (the callback is not called, nothing is kept for it)."""
         if not self.is_leader:
             callback(NotLeaderOrFollower(f"{self}: no longer the leader"))
         elif info.last_offset < self.high_watermark:
             callback(None)
         else:
-            self._waiting.append((info.last_offset + 1, callback))
+            entry = (info.last_offset + 1, callback)
+            self._waiting.append(entry)
+            return lambda: self._forget_wait(entry)
+        return _nothing_to_forget
+
+    def _forget_wait(self, entry: tuple[int, CommitCallback]) -> None:
+        # Rare (a timed-out acks=-1 produce), so a linear search of the waiting appends.
+        if entry in self._waiting:
+            self._waiting.remove(entry)
 
     def _maybe_advance_high_watermark(self) -> bool:
         """Move the HW to the smallest log end offset in the ISR; wake what it commits."""
@@ -783,3 +792,7 @@ class Partition:
     @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
+
+
+def _nothing_to_forget() -> None:
+    """``await_commit``'s answer when the wait ended at once."""

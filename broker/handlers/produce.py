@@ -163,14 +163,19 @@ async def _committed(
     """``body`` once every waiting append is committed, failed or timed out."""
     loop = asyncio.get_running_loop()
     commits = _Commits(len(waiting), loop)
-    for index, (partition, info, _) in enumerate(waiting):
+    forget = [
         partition.await_commit(info, functools.partial(commits.settle, index))
+        for index, (partition, info, _) in enumerate(waiting)
+    ]
     if commits.left:
         timer = loop.call_later(timeout_ms / 1000, commits.time_out)
         try:
             await commits.all_known
         finally:
             timer.cancel()
+            for outcome, forget_wait in zip(commits.outcomes, forget, strict=True):
+                if isinstance(outcome, _Unknown):  # timed out, or the connection went away:
+                    forget_wait()  # the partition keeps nothing for it
     for outcome, (_, _, result) in zip(commits.outcomes, waiting, strict=True):
         if isinstance(outcome, _Unknown):
             failure = _failed(result["index"], ErrorCode.REQUEST_TIMED_OUT, _TIMED_OUT)

@@ -179,6 +179,8 @@ def test_acks_all_times_out_without_the_follower_and_acks_one_does_not_wait(
     async def main() -> None:
         answer = only(await leader.produce([b"a"], timeout_ms=100))
         assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT and answer.base_offset == -1
+        (partition,) = leader.replicas.partitions()
+        assert not partition._waiting  # the timed-out wait is forgotten, not kept
         assert only(leader.produce([b"b"], acks=1)).error_code == ErrorCode.NONE
 
     asyncio.run(main())

@@ -108,6 +108,21 @@ def test_a_committed_append_completes_at_once_and_acks_one_does_not_wait(leader:
     assert info.first_offset == 1
 
 
+def test_a_forgotten_commit_wait_is_not_kept_nor_called(leader: Leader) -> None:
+    info = leader.partition.append_as_leader(make_batch([b"a"]), -1)
+    kept: list[object] = []
+    forgotten: list[object] = []
+    leader.partition.await_commit(info, kept.append)
+    forget = leader.partition.await_commit(info, forgotten.append)
+    forget()  # the produce request timed out
+    forget()  # twice is harmless
+    assert len(leader.partition._waiting) == 1
+    leader.fetch(2, 1)
+    leader.fetch(3, 1)
+    assert kept == [None] and forgotten == []
+    assert not leader.partition._waiting
+
+
 def test_the_isr_shrinking_below_the_minimum_fails_waiting_appends(tmp_path: Path) -> None:
     log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
     made = Leader(log, min_isr=2)
