@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from bench.kafka_load import METADATA_VERSION, Connection, LoadError, partition_leaders
 from bench.metadata_cluster import free_base_port
-from broker.protocol import ApiKey
+from broker.protocol import ApiKey, ProtocolError
 from runnel.local_cluster import ClusterSpec, Port
 from runnel.supervisor import Supervisor
 
@@ -91,7 +91,7 @@ class RunnelCluster:
         try:
             response = conn.call(ApiKey.METADATA, 12, {"topics": []})
             return set(self.broker_ids) <= {b.node_id for b in response.brokers}
-        except (OSError, LoadError):
+        except (OSError, LoadError, ProtocolError):  # not up yet, or not ours on that port
             return False
         finally:
             conn.close()
