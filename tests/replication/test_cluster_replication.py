@@ -13,33 +13,15 @@ unknown, no value twice except a resend across a leader change).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 import time
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import fault_cluster as rc
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-
-def load_fixture_module() -> ModuleType:
-    """``cluster.py`` beside this file, under a name of its own (``tests/raft`` has a
-    top-level ``cluster`` module too)."""
-    name = "replication_fault_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-rc = load_fixture_module()
 replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
 

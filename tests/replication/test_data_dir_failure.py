@@ -14,35 +14,18 @@ Mounting needs root (or CAP_SYS_ADMIN): without it the test skips and says so.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import fault_cluster as rc
 import pytest
 from confluent_kafka import KafkaError, Producer
 
 from runnel.local_cluster import ClusterSpec
-
-
-def load_fixture_module() -> ModuleType:
-    """``cluster.py`` beside this file, under the name test_cluster_replication gives it."""
-    name = "replication_fault_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-rc = load_fixture_module()
 
 FAILING = 101  # the broker whose data directory is a small tmpfs
 TMPFS_MB = 24

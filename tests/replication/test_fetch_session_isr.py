@@ -9,33 +9,15 @@ many were full, a leader's ISR proposals and its open fetch sessions.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import time
 import urllib.request
-from pathlib import Path
-from types import ModuleType
 
+import fault_cluster as rc
 import pytest
 
 from runnel.local_cluster import Port
 
-
-def load_fixture_module() -> ModuleType:
-    """``cluster.py`` beside this file, under the name test_cluster_replication.py gives it
-    (``tests/raft`` has a top-level ``cluster`` module too)."""
-    name = "replication_fault_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-rc = load_fixture_module()
 replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
 

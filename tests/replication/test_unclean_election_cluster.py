@@ -12,30 +12,13 @@ means.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import fault_cluster as rc
 import pytest
 from confluent_kafka import Producer
 
-
-def load_fixture_module() -> ModuleType:
-    """``cluster.py`` beside this file, under the name test_cluster_replication gives it."""
-    name = "replication_fault_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cluster.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-rc = load_fixture_module()
 replication_cluster = rc.replication_cluster
 CONTROLLER = 1
 SESSION_MS = 10_000

@@ -15,9 +15,9 @@ supervisor starts it (``python -m runnel node --config node.toml`` in its own se
 appended to ``node.log``, pid in ``node.pid``), so one broker can come back while another
 stays down (``up --once`` would start every missing node).
 
-Import this module by path under its own name (``load_fixture_module`` in the test module):
-``tests/raft/cluster.py`` is also a top-level ``cluster`` module, and whichever is imported
-first would shadow the other.
+The test modules beside it ``import fault_cluster as rc`` (its name is unique in ``tests/``:
+``tests/raft/cluster.py`` is a top-level ``cluster`` module, which a ``cluster.py`` here
+would shadow or be shadowed by).
 
 Replicas are compared once they have caught up: ``wait_replicas_caught_up`` waits until
 every replica's log on disk ends at its partition's high watermark (what the leader answers
@@ -899,7 +899,7 @@ def settings(overrides: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 
 
 def _settings_toml(chosen: dict[str, dict[str, int]]) -> str:
-    lines = ["", "# tests/replication/cluster.py: short timeouts"]
+    lines = ["", "# tests/replication/fault_cluster.py: short timeouts"]
     for section, values in sorted(chosen.items()):
         lines.append(f"[{section}]")
         lines += [f"{key} = {value}" for key, value in values.items()]
