@@ -120,6 +120,9 @@ class RaftNode:
         self._applier: asyncio.Task[None] | None = None
         self._commit_target = 0  # committed: apply up to here
         self._apply_wanted = asyncio.Event()
+        # Told once, with the reason, when a Raft task fails (``_on_task_done``).
+        self.on_fatal: Callable[[str], None] | None = None
+        self.failed: str | None = None
         self._core = self._restore()
         transport.set_receiver(self._receive)
         transport.set_unreachable_listener(self._peer_unreachable)
@@ -148,14 +151,34 @@ class RaftNode:
         self._applier = asyncio.create_task(
             self._apply_in_background(), name=f"raft-{self.config.node_id}-apply"
         )
+        for task in (self._task, self._applier):
+            task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """A Raft task that ends with an error (the metadata log's disk failed, say) leaves
+        the node without its log: said loudly, and ``on_fatal`` tells the node, which must
+        stop (Kafka halts on a metadata log directory failure too)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        _log.critical(
+            "raft %d: %s failed: %r; this node cannot go on without its metadata log",
+            self.config.node_id,
+            task.get_name(),
+            error,
+            exc_info=error,
+        )
+        self.failed = f"{task.get_name()} failed: {error!r}"
+        if self.on_fatal is not None:
+            self.on_fatal(self.failed)
 
     async def close(self) -> None:
         """Stop; a leader first resigns (EndQuorumEpoch) so the others elect at once."""
-        if self._task is not None and self._core.role == "leader":
+        if self._task is not None and not self._task.done() and self._core.role == "leader":
             async with self._lock:
                 await self._apply(self._core.resign(_now_ms()))
         for task in (self._task, self._applier):
-            if task is not None:
+            if task is not None and not task.done():  # a failed one was reported already
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -230,6 +230,7 @@ async def serve(config: NodeConfig) -> int:
         fatal.append(reason)
         stop.set()
 
+    node.raft.on_fatal = on_fatal
     if node.kafka is not None:
         node.kafka.on_fatal = on_fatal
     try:

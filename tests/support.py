@@ -1,11 +1,16 @@
 """Helpers shared by the tests: a settable clock, a compact batch builder, an import
-checker for pure modules, and fast Raft timeouts for in-process clusters."""
+checker for pure modules, fast Raft timeouts for in-process clusters, and small real disks
+(tmpfs) that fill up."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import contextlib
+import subprocess
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import pytest
 
 from raft.core import RaftConfig
 from storage.batch import CompressionType
@@ -77,3 +82,31 @@ def assert_imports_none_of(paths: Iterable[str], banned: set[str]) -> None:
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in banned, f"{path} imports {name}"
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mb`` mounted on ``path`` (created if missing) for the block, unmounted
+    after it: a real disk that a test can fill. Mounting needs root (or CAP_SYS_ADMIN): the
+    test skips, saying so, without it."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def fill(disk: Path) -> None:
+    """Take every block left on ``disk`` (a file ``filler``)."""
+    with open(disk / "filler", "ab") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"x" * 65536)
+            f.flush()

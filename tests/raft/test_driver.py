@@ -4,17 +4,19 @@ NotLeader, read barriers, failover, restart and catch-up through a snapshot."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support import FAST_RAFT
+from support import FAST_RAFT, fill, tmpfs
 
 from raft.core import NotLeader, RaftConfig
 from raft.driver import APPLY_CHUNK_RECORDS, RaftNode, RaftNodeConfig
 from raft.messages import Envelope
+from storage.errors import StorageError
 
 FAST = FAST_RAFT
 
@@ -301,3 +303,33 @@ def test_a_commit_larger_than_an_apply_chunk_is_applied_in_full_and_in_order(
             await cluster.close()
 
     run(main)
+
+
+def test_a_metadata_log_on_a_full_disk_is_fatal_and_said_once(tmp_path: Path) -> None:
+    # A real full disk under the only voter: the next append fails (ENOSPC), the Raft task
+    # ends, and on_fatal tells the node why; close() still returns (the log's own close may
+    # fail on the full disk, which the node logs).
+    with tmpfs(tmp_path / "node-1", 2) as disk:
+
+        async def main() -> None:
+            cluster = Cluster(tmp_path, voters=1)
+            node = await cluster.start(1)
+            told: list[str] = []
+            node.on_fatal = told.append
+            try:
+                leader = await cluster.leader()
+                await leader.propose([b"before"])
+                fill(disk)
+                proposal = asyncio.ensure_future(leader.propose([b"x" * 4096]))
+                async with asyncio.timeout(10):
+                    while not told:
+                        await asyncio.sleep(0.01)
+                assert len(told) == 1 and "No space left on device" in told[0], told
+                assert node.failed == told[0]
+                proposal.cancel()
+            finally:
+                cluster.hub.receivers.pop(1, None)
+                with contextlib.suppress(StorageError):
+                    await cluster.nodes.pop(1).close()
+
+        run(main)

@@ -14,7 +14,6 @@ Mounting needs root (or CAP_SYS_ADMIN): without it the test skips and says so.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 import fault_cluster as rc
 import pytest
 from confluent_kafka import KafkaError, Producer
+from support import tmpfs
 
 from runnel.local_cluster import ClusterSpec
 
@@ -35,39 +35,23 @@ TOPIC = "full-disk"
 PARTITIONS = 3
 
 
-def _mount_tmpfs(path: Path) -> None:
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-
-
 @pytest.fixture
 def full_disk_cluster(tmp_path: Path) -> Iterator[Any]:
-    mounted: list[Path] = []
+    with contextlib.ExitStack() as mounts:
 
-    def before_up(spec: ClusterSpec) -> None:
-        data = spec.node_dir(FAILING) / "data"
-        _mount_tmpfs(data)
-        mounted.append(data)
+        def before_up(spec: ClusterSpec) -> None:
+            mounts.enter_context(tmpfs(spec.node_dir(FAILING) / "data", TMPFS_MB))
 
-    cluster = None
-    try:
-        cluster = rc.start_cluster(tmp_path / "cluster", before_up=before_up)
-        yield cluster
-    finally:
-        if cluster is not None:
-            rc.stop_cluster(cluster)
-            print(cluster.story())
-            for node in cluster.spec.nodes():
-                print(cluster.log_excerpt(node.node_id))
-        for path in mounted:
-            with contextlib.suppress(subprocess.SubprocessError):
-                subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+        cluster = None
+        try:
+            cluster = rc.start_cluster(tmp_path / "cluster", before_up=before_up)
+            yield cluster
+        finally:
+            if cluster is not None:
+                rc.stop_cluster(cluster)
+                print(cluster.story())
+                for node in cluster.spec.nodes():
+                    print(cluster.log_excerpt(node.node_id))
 
 
 @pytest.mark.slow

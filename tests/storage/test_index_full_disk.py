@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,20 +52,8 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", 1) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
 
 
 def test_index_appends_on_a_full_disk_raise_instead_of_sigbus(tiny_disk: Path) -> None:
