@@ -78,7 +78,7 @@ class _MappedIndex:
             self._capacity = max(self._max_bytes, used) if self._growable else used
             if self._growable:
                 os.ftruncate(self._fd, self._capacity)
-            self._reserved = used  # written once, so backed
+            self._reserved = _backed_prefix(self._fd, used)
             self._mm = mmap.mmap(self._fd, self._capacity)
         return self._mm
 
@@ -119,15 +119,22 @@ class _MappedIndex:
         """Forget entries past ``entries`` (zeroing them, so a crash cannot revive them)."""
         if entries >= self.entries:
             return
-        self._open()
-        # Cut the file and extend it again: the tail reads as zeros with no page touched
-        # (a store of zeros into holes could need blocks a full disk does not have).
-        keep = entries * self.entry_size
-        os.ftruncate(self._fd, keep)
-        os.ftruncate(self._fd, self._capacity)
-        self._reserved = min(self._reserved, keep)
+        mm = self._open()
+        keep, end = entries * self.entry_size, self.entries * self.entry_size
         self.entries = entries
         self._last = None
+        if end <= self._reserved:
+            # Entries written here, so backed: zero them in place. (Readers in other threads
+            # may still look at them: the file keeps its size.)
+            mm[keep:end] = bytes(end - keep)
+        else:
+            # A tail with holes (an index left pre-allocated by a crash, seen at load, when
+            # nothing else reads it): cut the file and extend it again, so the tail reads as
+            # zeros with no page touched (storing zeros into holes needs blocks that a full
+            # disk does not have, and a map answers that with SIGBUS).
+            os.ftruncate(self._fd, keep)
+            os.ftruncate(self._fd, self._capacity)
+            self._reserved = min(self._reserved, keep)
 
     def reset(self) -> None:
         self.truncate_entries(0)
@@ -324,3 +331,12 @@ def _sample_slots(entries: int, samples: int = 16) -> list[int]:
         return list(range(entries))
     step = (entries - 1) / (samples - 1)
     return sorted({round(i * step) for i in range(samples)})
+
+
+def _backed_prefix(fd: int, size: int) -> int:
+    """How much of the file's first ``size`` bytes surely has disk blocks: up to its first
+    hole (``SEEK_HOLE``; a file system that cannot tell reports none)."""
+    try:
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # not expected on Linux (no hole support reads as all data): trust it
+        return size
