@@ -130,6 +130,9 @@ class KafkaBroker:
         # Called once, on the event loop, when a data directory fails (module doc).
         self.on_fatal: Callable[[str], None] | None = None
         self._fatal: str | None = None
+        # Only logs this process loaded are shut down (and marked clean): a start stopped
+        # before that must leave the previous shutdown's state as it found it.
+        self._logs_started = False
 
     @property
     def port(self) -> int:
@@ -153,6 +156,7 @@ class KafkaBroker:
 
         self.logs.on_dir_offline = dir_offline
         await loop.run_in_executor(None, self.logs.startup)
+        self._logs_started = True
         if self.logs.offline_dirs:
             failed = "; ".join(f"{d}: {e}" for d, e in self.logs.offline_dirs.items())
             raise DataDirOffline(f"data directories offline at start-up: {failed}")
@@ -248,4 +252,5 @@ class KafkaBroker:
         if self._maintenance is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
-        await asyncio.get_running_loop().run_in_executor(None, self.logs.shutdown)
+        if self._logs_started:
+            await asyncio.get_running_loop().run_in_executor(None, self.logs.shutdown)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -233,8 +234,23 @@ async def serve(config: NodeConfig) -> int:
     node.raft.on_fatal = on_fatal
     if node.kafka is not None:
         node.kafka.on_fatal = on_fatal
+    # A fatal error or a signal while starting (waiting to be unfenced, say, which a broker
+    # whose metadata log failed would do until its timeout) stops the start at once.
+    starting = asyncio.ensure_future(node.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting  # its failure, if any, is the fatal error's consequence
+        await node.stop()
+        if fatal:
+            _log.critical("node %d cannot start: %s", config.node_id, fatal[0])
+            return EXIT_PROBLEM
+        return EXIT_OK
     try:
-        await node.start()
+        starting.result()
     except DataDirOffline as e:
         _log.critical("node %d cannot start: %s", config.node_id, e)
         await node.stop()

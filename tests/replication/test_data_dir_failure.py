@@ -23,7 +23,7 @@ from typing import Any
 import fault_cluster as rc
 import pytest
 from confluent_kafka import KafkaError, Producer
-from support import tmpfs
+from support import fill, tmpfs
 
 from runnel.local_cluster import ClusterSpec
 
@@ -138,8 +138,10 @@ def test_a_broker_whose_data_dir_fails_stops_and_its_partitions_move(
     moved_offsets = [v for v, o in acked.items() if offsets[v] != o]
     assert not moved_offsets, f"acknowledged at another offset: {moved_offsets[:5]}"
 
-    # With the disk still full, a restart stops again: at start-up if loading the logs
-    # fails, else at its first follower append.
+    # With the disk full to the last block, a restart stops again, whichever write fails
+    # first: the metadata log's (while it waits to be unfenced), loading the logs, or its
+    # first follower append.
+    fill(c.spec.node_dir(FAILING) / "data")
     position = c.log_size(FAILING)
     pid = c.start(FAILING)
     rc.wait_for("the restarted broker to stop again", lambda: c.exit_code(pid), 60)
