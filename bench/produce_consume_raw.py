@@ -43,11 +43,27 @@ SENDFILE_CHUNK_BYTES = 1 << 20
 _COUNT = struct.Struct(">q")
 
 
-def _tune(sock: socket.socket) -> socket.socket:
-    sock.settimeout(SOCKET_TIMEOUT_S)
+def tune(sock: socket.socket, timeout_s: float = SOCKET_TIMEOUT_S) -> socket.socket:
+    """The raw baselines' socket: a timeout on every wait, large kernel buffers."""
+    sock.settimeout(timeout_s)
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
     return sock
+
+
+def copy_to_file(sock: socket.socket, fd: int) -> tuple[int, float]:
+    """``recv_into`` + ``os.write`` until the peer closes its side: (bytes, perf_counter
+    of the first byte, 0.0 if none came)."""
+    buffer = bytearray(RECV_BUFFER_BYTES)
+    view = memoryview(buffer)
+    total, first = 0, 0.0
+    while n := sock.recv_into(buffer):
+        if not total:
+            first = time.perf_counter()
+        if os.write(fd, view[:n]) != n:
+            raise OSError("short write")
+        total += n
+    return total, first
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -68,10 +84,10 @@ def run_receive(args: argparse.Namespace) -> dict[str, Any]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         cpu0 = cpu_s()
-        received = _receive_to_file(_tune(listener.accept()[0]), fd)
+        received = _receive_to_file(tune(listener.accept()[0]), fd)
         cpu_write = cpu_s() - cpu0
         cpu0 = cpu_s()
-        _sendfile_out(_tune(listener.accept()[0]), fd, received)
+        _sendfile_out(tune(listener.accept()[0]), fd, received)
         cpu_read = cpu_s() - cpu0
     finally:
         os.close(fd)
@@ -81,14 +97,8 @@ def run_receive(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _receive_to_file(sock: socket.socket, fd: int) -> int:
-    buffer = bytearray(RECV_BUFFER_BYTES)
-    view = memoryview(buffer)
-    total = 0
     with sock:
-        while n := sock.recv_into(buffer):
-            if os.write(fd, view[:n]) != n:
-                raise OSError("short write")
-            total += n
+        total, _ = copy_to_file(sock, fd)
         sock.sendall(_COUNT.pack(total))
     return total
 
@@ -105,7 +115,7 @@ def run_send(args: argparse.Namespace) -> dict[str, Any]:
     template = produce_template(args.topic, args.partitions, args.batch_bytes)
     body = memoryview(template.body)
     requests = max(1, args.bytes // template.wire_bytes)
-    sock = _tune(socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S))
+    sock = tune(socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S))
     cpu0, busy0, start = cpu_s(), machine_busy_s(), time.perf_counter()
     for i in range(requests):
         head = template.head(i)
@@ -138,7 +148,7 @@ def _read_back(host: str, port: int, size: int) -> tuple[int, float]:
     buffer = bytearray(RECV_BUFFER_BYTES)
     start = time.perf_counter()
     total = 0
-    with _tune(socket.create_connection((host, port), timeout=SOCKET_TIMEOUT_S)) as sock:
+    with tune(socket.create_connection((host, port), timeout=SOCKET_TIMEOUT_S)) as sock:
         while total < size:
             n = sock.recv_into(buffer)
             if not n:

@@ -40,13 +40,13 @@ from typing import Any
 
 from bench.kafka_load import (
     PRODUCE_VERSION,
-    SOCKET_BUFFER_BYTES,
     VALUE_BYTES,
     Connection,
     LoadError,
     cpu_s,
 )
 from bench.produce_consume_cluster import partition_states
+from bench.produce_consume_raw import SENDFILE_CHUNK_BYTES, copy_to_file, tune
 from broker.protocol import ApiKey, ErrorCode, decode_response
 from storage.records import RecordInput, build_batch
 
@@ -55,8 +55,6 @@ __all__ = ["main"]
 PROBE_REQUEST_TIMEOUT_MS = 5_000  # the Produce request's timeout_ms
 PROBE_SOCKET_TIMEOUT_S = 10.0  # any wait for a broker
 RAW_TIMEOUT_S = 60.0
-RECV_BUFFER_BYTES = 4 << 20
-SENDFILE_CHUNK_BYTES = 1 << 20
 
 
 # --- the failover probe ---------------------------------------------------------------------
@@ -192,32 +190,17 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
 # --- the catch-up's raw baseline ----------------------------------------------------------
 
 
-def _tune(sock: socket.socket) -> socket.socket:
-    sock.settimeout(RAW_TIMEOUT_S)
-    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
-    return sock
-
-
 def run_raw_receive(args: argparse.Namespace) -> dict[str, Any]:
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(RAW_TIMEOUT_S)
     print(f"ready {listener.getsockname()[1]}", flush=True)
     path = Path(args.dir) / "raw-catch-up.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    buffer = bytearray(RECV_BUFFER_BYTES)
-    view = memoryview(buffer)
-    total, first = 0, 0.0
     try:
-        sock = _tune(listener.accept()[0])
+        sock = tune(listener.accept()[0], RAW_TIMEOUT_S)
         cpu0 = cpu_s()
         with sock:
-            while n := sock.recv_into(buffer):
-                if not total:
-                    first = time.perf_counter()
-                if os.write(fd, view[:n]) != n:
-                    raise OSError("short write")
-                total += n
+            total, first = copy_to_file(sock, fd)
         seconds = time.perf_counter() - first
         cpu = cpu_s() - cpu0
     finally:
@@ -229,7 +212,7 @@ def run_raw_receive(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_raw_send(args: argparse.Namespace) -> dict[str, Any]:
     host, port = args.address.rsplit(":", 1)
-    sock = _tune(socket.create_connection((host, int(port)), timeout=RAW_TIMEOUT_S))
+    sock = tune(socket.create_connection((host, int(port)), timeout=RAW_TIMEOUT_S), RAW_TIMEOUT_S)
     print("ready", flush=True)
     skip, sent = args.skip_bytes, 0
     cpu0, start = cpu_s(), time.perf_counter()
