@@ -210,9 +210,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=KAFKA_2014_PARTITIONS,
         help="of the rounds' topics (6, the 2014 test's; their leaders spread over the brokers)",
     )
+    parser.add_argument(
+        "--batch-bytes",
+        type=int,
+        default=JAVA_BATCH_BYTES,
+        help="of each produce request's batch (the Java producer's default batch.size)",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
-    rp = replication_params(args.quick, rounds, 50_000_000, JAVA_BATCH_BYTES, 5, args.partitions)
+    rp = replication_params(args.quick, rounds, 50_000_000, args.batch_bytes, 5, args.partitions)
     load, commit = os.getloadavg()[0], measured_commit()
     started = time.perf_counter()
     with work_dir(args.dir, "bench-replication-") as root:
