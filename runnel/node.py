@@ -240,26 +240,24 @@ async def serve(config: NodeConfig) -> int:
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
-    if not starting.done():
+    started = starting.done()
+    if started:
+        try:
+            starting.result()
+        except DataDirOffline as e:
+            fatal.append(str(e))
+            started = False
+    else:
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await starting  # its failure, if any, is the fatal error's consequence
-        await node.stop()
-        if fatal:
-            _log.critical("node %d cannot start: %s", config.node_id, fatal[0])
-            return EXIT_PROBLEM
-        return EXIT_OK
-    try:
-        starting.result()
-    except DataDirOffline as e:
-        _log.critical("node %d cannot start: %s", config.node_id, e)
-        await node.stop()
-        return EXIT_PROBLEM
-    print(f"ready node {config.node_id}", flush=True)
-    await stop.wait()
+    if started:
+        print(f"ready node {config.node_id}", flush=True)
+        await stop.wait()
     await node.stop()
     if fatal:
-        _log.critical("node %d stopped after a fatal error: %s", config.node_id, fatal[0])
+        what = "stopped after a fatal error" if started else "cannot start"
+        _log.critical("node %d %s: %s", config.node_id, what, fatal[0])
         return EXIT_PROBLEM
     return EXIT_OK
 
