@@ -73,6 +73,7 @@ class _MappedIndex:
     # -- file handling -------------------------------------------------------------------
     def _open(self) -> mmap.mmap:
         if self._mm is None:
+            self._close_map()  # a read-only descriptor of ``_read``'s
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             used = self.entries * self.entry_size
             self._capacity = max(self._max_bytes, used) if self._growable else used
@@ -97,11 +98,9 @@ class _MappedIndex:
         a shared map needs a free page, and a full disk answers it with SIGBUS."""
         if self._mm is not None:
             return self._mm
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, self.entry_size, n * self.entry_size)
-        finally:
-            os.close(fd)
+        if self._fd < 0:  # kept, as a map's would be, until the index is mapped or closed
+            self._fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._fd, self.entry_size, n * self.entry_size)
         if len(data) != self.entry_size:
             raise CorruptIndexError(f"{self.path}: entry {n} lies past the end of the file")
         return data
