@@ -52,19 +52,30 @@ def load_log(
     on_offline: Callable[[Path, BaseException], None] | None = None,
 ) -> Log:
     """Open (creating if needed) the log in ``directory``, recovering it if necessary."""
+    new_directory = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(directory)
     _complete_swaps(directory)
     epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
     segments = _open_segments(directory, config, clock())
     if not segments:
-        if max(recovery_point, log_start_offset or 0, high_watermark or 0) > 0:
+        if recovery_point > 0:
             raise InconsistentLogError(
-                f"{directory}: checkpoints say the log reached offset "
-                f"{max(recovery_point, log_start_offset or 0, high_watermark or 0)} but no "
-                f"segment files exist; they were deleted behind the engine's back"
+                f"{directory}: the recovery point says offsets below {recovery_point} were "
+                f"flushed, but no segment files exist; they were deleted behind the engine's back"
             )
-        segments = [open_segment(directory, 0, config, clock(), create=True)]
+        # The HW and the log start move without a flush: a power loss before the log's first
+        # flush can take every segment file (their names were never made durable).
+        first = log_start_offset or 0
+        if first or high_watermark:
+            _log.warning(
+                "%s: no segment files but checkpoints name offset %d; nothing was flushed, so "
+                "a machine crash lost the log: starting it empty at offset %d",
+                directory,
+                max(first, high_watermark or 0),
+                first,
+            )
+        segments = [open_segment(directory, first, config, clock(), create=True)]
     recovered = _recover(segments, config, epoch_cache, recovery_point, had_clean_shutdown)
     _check_contiguous(directory, segments, config)
     log_end = segments[-1].read_next_offset()
@@ -103,6 +114,7 @@ def load_log(
         producer_state=producer_state,
         clock=clock,
         on_offline=on_offline,
+        new_directory=new_directory,
     )
     log.reload_producer_state(recovered.producer_batches, recovered.suffix_start)
     return log

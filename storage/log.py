@@ -39,6 +39,7 @@ from storage.batch import (
     TimestampType,
     validate_batch,
 )
+from storage.checkpoint import fsync_path
 from storage.config import LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import (
@@ -129,6 +130,7 @@ class Log:
         producer_state: ProducerStateManager,
         clock: Callable[[], int] = wall_clock_ms,
         on_offline: Callable[[Path, BaseException], None] | None = None,
+        new_directory: bool = False,
     ) -> None:
         invariant(bool(segments), "a log always has an active segment")
         self.dir = directory
@@ -149,6 +151,12 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
         self.flush_count = 0  # fsync rounds done, for metrics and group-commit tests
+        # Whether a segment file was created (or the directory itself, in the data dir)
+        # since the directory was last fsynced. An fsync of a file does not make its name
+        # durable: without the directory's, a power loss can drop a flushed segment whole.
+        # Unknown at load, so the first flush syncs the directory once.
+        self._dir_dirty = True
+        self._parent_dirty = new_directory
         self._check_offsets()
 
     # -- offsets ---------------------------------------------------------------------------
@@ -403,6 +411,7 @@ class Log:
         self.producer_state.take_snapshot()
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        self._dir_dirty = True
         return open_segment(self.dir, base_offset, self.config, now_ms, create=True)
 
     # -- reads -----------------------------------------------------------------------------
@@ -546,6 +555,9 @@ class Log:
             segment.delete()
         self._segments = [self._new_segment(offset, self._clock())]
         self._bases = [offset]
+        # The recovery point moves to ``offset`` below: make the swap durable now, or a
+        # power loss could bring back the old files without the new one.
+        self._sync(())
         self.epoch_cache.clear()
         self.producer_state.truncate_fully_and_start_at(offset)
         self._log_start_offset = self._high_watermark = self._log_end_offset = offset
@@ -660,8 +672,7 @@ class Log:
             start = bisect.bisect_right(self._bases, self._recovery_point) - 1
             dirty = self._segments[max(start, 0) :]
         try:
-            for segment in dirty:
-                segment.flush()
+            self._sync(dirty)
         except OSError as e:
             with self._lock:
                 if self._closed:  # deleted while this thread synced it: nothing is wrong
@@ -677,12 +688,24 @@ class Log:
 
     def _flush_locked(self, offset: int) -> None:
         start = bisect.bisect_right(self._bases, self._recovery_point) - 1
-        for segment in self._segments[max(start, 0) :]:
-            segment.flush()
+        self._sync(self._segments[max(start, 0) :])
         self.flush_count += 1
         self._recovery_point = offset
         self._unflushed_messages = 0
         self._last_flush_ms = self._clock()
+
+    def _sync(self, segments: Sequence[LogSegment]) -> None:
+        """fsync the segments, then the directory if a segment file was created since its
+        last fsync (and the data directory once, for a log directory made by this process),
+        so that the recovery point never names data a power loss can take away."""
+        for segment in segments:
+            segment.flush()
+        if self._dir_dirty:
+            self._dir_dirty = False  # cleared first: a creation racing the fsync sets it again
+            fsync_path(self.dir)
+        if self._parent_dirty:
+            self._parent_dirty = False
+            fsync_path(self.dir.parent)
 
     def maybe_flush(self, now_ms: int) -> bool:
         """Periodic flush for ``flush_ms``; called by the LogManager's scheduler."""

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -580,6 +581,104 @@ def test_machine_crash_losing_data_under_the_log_start_offset(tmp_path: Path) ->
     try:
         assert reopened.log_start_offset == log_start
         assert reopened.log_start_offset <= reopened.high_watermark <= reopened.log_end_offset
+    finally:
+        reopened.abandon()
+
+
+def test_a_machine_crash_before_the_first_flush_may_take_every_segment(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The HW and log start checkpoints move without a flush, so a power loss before a log's
+    first flush can take its segment files while those checkpoints name offsets above 0:
+    lost unflushed data, not files deleted behind the engine's back. The log opens empty
+    at its log start (its replicas fetch the rest again) and says so."""
+    directory = tmp_path / "topic-0"
+    log = load_log(directory, CONFIG, clock=FakeClock())
+    written = append_batches(log, 5)
+    assert log.recovery_point == 0
+    log.abandon()
+    for path in directory.glob("*.log"):
+        path.unlink()
+    for log_start in (0, 3):
+        reopened = load_log(
+            directory,
+            CONFIG,
+            recovery_point=0,
+            log_start_offset=log_start,
+            high_watermark=written[-1].next,
+            had_clean_shutdown=False,
+            clock=FakeClock(),
+        )
+        try:
+            assert (reopened.log_start_offset, reopened.log_end_offset) == (log_start, log_start)
+            assert reopened.high_watermark == log_start
+        finally:
+            reopened.abandon()
+        for path in directory.glob("*.log"):
+            path.unlink()
+    assert "a machine crash lost the log" in caplog.text
+
+
+def _fsynced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the path behind every os.fsync (the engine fdatasyncs segment data and fsyncs
+    directories and checkpoint files)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return synced
+
+
+def test_a_flush_makes_new_segment_files_durable_by_syncing_their_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync of a file does not make its name durable: a flush that covers a segment created
+    since the directory's last fsync syncs the directory too, or a power loss could drop a
+    flushed segment whole (below the recovery point: the log could not open). The data
+    directory is synced once, for the log directory this process created."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    directory = data_dir / "topic-0"
+    log = load_log(directory, CONFIG, clock=FakeClock())
+    synced = _fsynced_paths(monkeypatch)
+
+    def syncs_by(step: Callable[[], object]) -> tuple[int, int]:
+        """How often ``step`` fsynced (the log directory, the data directory); the epoch
+        checkpoint's own writes sync the log directory too, so appends stay out of it."""
+        synced.clear()
+        step()
+        return synced.count(str(directory)), synced.count(str(data_dir))
+
+    try:
+        append_batches(log, 3)
+        assert syncs_by(log.flush) == (1, 1)
+        append_batches(log, 3)
+        assert syncs_by(log.flush) == (0, 0), "no new segment file: no directory sync"
+        append_batches(log, 2)
+        log.roll()
+        append_batches(log, 2)
+        # as maintenance: the rolled segment's unflushed end, and the new file's name
+        assert syncs_by(lambda: log.flush(log.active_segment.base_offset)) == (1, 0)
+    finally:
+        log.abandon()
+    other = directory.parent / "topic-1"  # no epochs or snapshots: their files sync nothing
+    empty = load_log(other, CONFIG, clock=FakeClock())
+    try:
+        empty.flush()
+        synced.clear()
+        empty.truncate_fully_and_start_at(100)  # the recovery point moves to 100 at once
+        assert synced.count(str(other)) == 1, "a full truncation's new file was not synced"
+    finally:
+        empty.abandon()
+    reopened = load_log(directory, CONFIG, clock=FakeClock())
+    try:
+        append_batches(reopened, 1)
+        # after a restart the directory's state is unknown: synced once
+        assert syncs_by(reopened.flush) == (1, 0)
     finally:
         reopened.abandon()
 
