@@ -32,7 +32,10 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   at random, else delivered after a random delay (a few very slow: reordering). Requests and
   answers to a crashed or restarted broker are lost with its connections.
 - Faults (safety phase): crash (logs abandoned; reopened from disk with the last checkpointed
-  HW), pause (SIGSTOP: the broker's events wait until it resumes; long pauses outlive its
+  HW and recovery point; a checkpoint pass fsyncs rolled segments as the log manager does),
+  power loss (a crash that also loses the page cache: every unflushed byte and segment file
+  name may go, see power_loss.py; only in a quiet cluster, where Kafka's durability promise
+  holds, see ``_power_loss_allowed``), pause (SIGSTOP: the broker's events wait until it resumes; long pauses outlive its
   session), network partitions (a split, a broker cut from the controller, a leader cut from
   its followers, one-way links) that heal after a while.
 - Clients: a producer sends acks=-1 appends of unique values (never retried, so each value
@@ -75,6 +78,7 @@ from typing import NamedTuple, NoReturn
 from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
 from replication.partition import Partition, Role
+from replication.testing.power_loss import lose_page_cache
 from storage.batch import BatchHeader
 from storage.config import LogConfig
 from storage.loader import load_log
@@ -146,6 +150,9 @@ class SimConfig:
     partition_max_ms: int = 3_000
     slow_broker_min_ms: int = 50
     slow_broker_max_ms: int = 600
+    # of crashes, the share that also lose the page cache, where that is allowed (see
+    # Simulation._power_loss_allowed): every unflushed byte and file name may be lost
+    power_loss_probability: float = 0.5
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -191,6 +198,7 @@ class SimResult:
     events: int = 0
     messages: int = 0
     crashes: int = 0
+    power_losses: int = 0
     pauses: int = 0
     network_partitions: int = 0
     leader_changes: int = 0
@@ -595,6 +603,7 @@ class SimBroker:
     alter_rest_until: dict[int, int] = field(default_factory=dict)
     alter_retries: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     hw_checkpoint: dict[int, int] = field(default_factory=dict)  # "on disk": kept on crash
+    recovery_checkpoint: dict[int, int] = field(default_factory=dict)  # likewise
     leader_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, epoch) -> HW
 
     def reset(self) -> None:
@@ -652,6 +661,7 @@ class Simulation:
         )
         self.blocked: set[tuple[int, int]] = set()
         self.slow: dict[int, tuple[int, int]] = {}  # broker -> (until, extra delay ms)
+        self.lossy: set[int] = set()  # lost power, not yet back in every ISR
         self.partition_gen = 0
         self.healed = False
         self.producing = True
@@ -1016,7 +1026,12 @@ class Simulation:
         self._timer(broker, self.now + self.config.replica_lag_time_max_ms // 2, SHRINK)
 
     def _checkpoint(self, broker: SimBroker) -> None:
+        """The log manager's periodic pass: fsync rolled segments, checkpoint the recovery
+        points and the HWs."""
         for pid, partition in broker.partitions.items():
+            log = partition.log
+            log.flush(log.active_segment.base_offset)
+            broker.recovery_checkpoint[pid] = log.recovery_point
             broker.hw_checkpoint[pid] = partition.high_watermark
         self._timer(broker, self.now + self.config.hw_checkpoint_interval_ms, CHECKPOINT)
 
@@ -1264,6 +1279,7 @@ class Simulation:
         log = load_log(
             broker.directory / f"{TOPIC}-{pid}",
             self.log_config,
+            recovery_point=broker.recovery_checkpoint.get(pid, 0),
             high_watermark=broker.hw_checkpoint.get(pid),
             clock=lambda: BASE_MS + self.now,
         )
@@ -1281,12 +1297,22 @@ class Simulation:
         broker.mirrors[pid] = Mirror()
         self._sync_mirror(broker, pid, truncated=False)
 
-    def _crash(self, broker: SimBroker) -> None:
+    def _crash(self, broker: SimBroker, *, power_loss: bool = False) -> None:
+        flushed = {pid: p.log.recovery_point for pid, p in broker.partitions.items()}
         for partition in broker.partitions.values():
             partition.log.abandon()  # no flush: what was written is in the page cache
         broker.reset()
         self.result.crashes += 1
         self._note(f"b{broker.broker_id}", "crashed")
+        if power_loss:  # ... which is gone too
+            self.result.power_losses += 1
+            self.lossy.add(broker.broker_id)
+            for pid, recovery_point in flushed.items():
+                directory = broker.directory / f"{TOPIC}-{pid}"
+                changes = lose_page_cache(directory, recovery_point, self.rng)
+                self._note(
+                    f"b{broker.broker_id}", f"p{pid} lost power above {recovery_point}: {changes}"
+                )
         down = self.rng.randint(self.config.down_min_ms, self.config.down_max_ms)
         self._push(self.now + down, Restart(broker.broker_id))
 
@@ -1346,11 +1372,18 @@ class Simulation:
                 self._check_prefix(broker, pid, broker.partitions[pid].high_watermark, True)
             isr = self.controller.partitions[pid].isr
             for broker in holders:
-                if broker.broker_id in isr:
+                if broker.broker_id in isr and not self._lost_unregistered(broker):
                     self._check_isr_member(broker, pid)
                 if broker not in leaders:
                     own = broker.partitions[pid].high_watermark
                     self._check_prefix(broker, pid, own, False)
+
+    def _lost_unregistered(self, broker: SimBroker) -> bool:
+        """Lost power and restarted, but the controller still has its old registration: it
+        may still be listed in an ISR, short of the committed log, until that session expires
+        and removes it. Registering anew waits for that, and it serves nothing meanwhile."""
+        reg = self.controller.brokers[broker.broker_id]
+        return broker.broker_id in self.lossy and reg.incarnation != broker.incarnation
 
     def _check_leader_hw(self, broker: SimBroker, pid: int) -> None:
         partition = broker.partitions[pid]
@@ -1474,6 +1507,9 @@ class Simulation:
         if self.healed:
             return
         self._push(self._exp(self.config.fault_interval_ms), Tick("fault"))
+        self.lossy = {b for b in self.lossy if not self._recovered(b)}
+        if self.lossy:
+            return  # quiet until the broker that lost power is back in sync
         kind = self.rng.choices(
             ["crash", "pause", "slow", "split", "controller", "deaf", "leader", "one-way"],
             weights=[3, 2, 2, 2, 2, 2, 2, 1],
@@ -1490,7 +1526,8 @@ class Simulation:
             return
         broker = self.rng.choice(leading if leading and self.rng.random() < 0.5 else running)
         if kind == "crash":
-            self._crash(broker)
+            loses = self.rng.random() < self.config.power_loss_probability
+            self._crash(broker, power_loss=loses and self._power_loss_allowed(broker))
             return
         if kind == "slow":
             self._slow_down(broker)
@@ -1499,6 +1536,33 @@ class Simulation:
         broker.paused_until = self.now + duration
         self.result.pauses += 1
         self._note(f"b{broker.broker_id}", f"paused for {duration} ms")
+
+    def _power_loss_allowed(self, broker: SimBroker) -> bool:
+        """Kafka keeps an acknowledged record while one in-sync replica keeps its page cache;
+        without fsync it promises no more (a power loss of the last one, KIP-966's subject,
+        loses it in Kafka too). So a power loss strikes only a quiet cluster: no other broker
+        down, paused or still recovering from one, no network cut, no ISR change of this
+        broker's in flight, and another ISR member for each of its partitions; and no new
+        fault starts until it is back in every ISR (see ``_fault``)."""
+        if self.lossy or self.blocked or broker.alter_in_flight or broker.alter_retries:
+            return False
+        if any(not b.up or b.paused_until > self.now for b in self.brokers.values()):
+            return False
+        me = broker.broker_id
+        return all(
+            set(state.isr) - {me} for state in self.controller.partitions if me in state.replicas
+        )
+
+    def _recovered(self, broker_id: int) -> bool:
+        """A broker that lost power is back: registered anew and in every ISR it belongs to."""
+        broker, reg = self.brokers[broker_id], self.controller.brokers[broker_id]
+        if not broker.up or reg.fenced or reg.incarnation != broker.incarnation:
+            return False
+        return all(
+            broker_id in state.isr
+            for state in self.controller.partitions
+            if broker_id in state.replicas
+        )
 
     def _slow_down(self, broker: SimBroker) -> None:
         """Everything the broker sends is late for a while (a slow disk, a long GC): as a
