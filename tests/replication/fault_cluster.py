@@ -67,6 +67,7 @@ __all__ = [
     "SESSION_MS",
     "Cluster",
     "Continuous",
+    "ONCE",
     "LoadReport",
     "LogCheck",
     "PartitionView",
@@ -74,11 +75,14 @@ __all__ = [
     "StoredBatch",
     "Tail",
     "check_log",
+    "check_outcome",
     "error_name",
     "replication_cluster",
     "start_cluster",
     "stop_cluster",
+    "wait_acks",
     "wait_for",
+    "wait_new_leader",
     "with_settings",
 ]
 
@@ -875,6 +879,71 @@ def _first_difference(a: list[StoredBatch], b: list[StoredBatch]) -> str:
                 [str(s) for s in b[i : i + 3]]
             )
     return f"{len(a)} vs {len(b)} batches"
+
+
+# -- what the fault tests share ----------------------------------------------------------------
+
+ONCE = {  # acks=all, each value sent once
+    "acks": "all",
+    "enable.idempotence": False,
+    "retries": 0,
+    "linger.ms": 5,
+    "request.timeout.ms": 5000,
+    "message.timeout.ms": 10000,
+    "topic.metadata.refresh.interval.ms": 1000,
+}
+
+
+def check_outcome(
+    c: Cluster,
+    topic: str,
+    partitions: int,
+    reports: list[Any],
+    *,
+    tail: Any = None,
+) -> dict[int, list[tuple[int, str]]]:
+    """Once nothing produces and the ISR is full: every replica caught up and equal below
+    the high watermark, and the whole log keeps every promise made to the producers (and
+    holds what the consumer ``tail`` saw); returns the log."""
+    c.wait_full_isr(topic)
+    hws = c.wait_replicas_caught_up(topic, partitions)
+    disagreements = [
+        d for p in range(partitions) for d in c.replica_disagreements(topic, p, hws[p])
+    ]
+    final = c.read_all(topic, partitions)
+    stored = {p: c.stored_batches(BROKERS[0], topic, p) for p in range(partitions)}
+    problems, retried = check_log(final, reports, stored)
+    if tail is not None:
+        problems += tail.problems(final)
+    said = "\n".join(f"producer {i}: {r.summary()}" for i, r in enumerate(reports))
+    epochs = {b: [c.epochs(b, topic, p) for p in range(partitions)] for b in BROKERS}
+    assert not disagreements and not problems, (
+        "replicas disagree:\n  " + "\n  ".join(disagreements) + "\nlog problems:\n  "
+        + "\n  ".join(problems) + f"\n{said}\nhigh watermarks {hws}; epochs by replica "
+        f"{epochs}\n{c.story()}"
+    )  # fmt: skip
+    c.note(f"{topic}: log and replicas check out; {said}; epochs by replica {epochs}")
+    if retried:
+        c.note(f"resent across a leader change, first copy kept: {list(retried.items())[:10]}")
+    return final
+
+
+def wait_acks(c: Cluster, load: Any, since: float, partition: int, count: int, what: str) -> None:
+    try:
+        wait_for(what, lambda: True if load.acked_since(since, partition) >= count else None, 30)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {load.report.summary()}\n{c.story()}") from None
+    c.note(f"{what}: {load.report.summary()}")
+
+
+def wait_new_leader(c: Cluster, topic: str, partition: int, old: int, timeout_s: float) -> int:
+    views = c.wait_partitions(
+        f"{topic}-{partition}: a leader other than {old}",
+        topic,
+        lambda v: v[partition].leader not in (old, -1) and old not in v[partition].isr,
+        timeout_s,
+    )
+    return int(views[partition].leader)
 
 
 # -- starting and stopping -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Replication under faults, on real processes: 1 controller and 3 brokers per test
-(``cluster.py``), topics with replication factor 3 and min.insync.replicas 2, confluent-kafka
-clients producing unique values with acks=all.
+(``fault_cluster.py``), topics with replication factor 3 and min.insync.replicas 2,
+confluent-kafka clients producing unique values with acks=all.
 
 Unless a test says otherwise the producer has ``retries`` 0 and no idempotence, so every
 error the brokers answer reaches a delivery report, except NOT_LEADER_OR_FOLLOWER, which
@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from typing import Any
 
 import fault_cluster as rc
 import pytest
@@ -25,68 +24,7 @@ from confluent_kafka import KafkaError, Producer
 replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
 
-ONCE = {  # acks=all, each value sent once
-    "acks": "all",
-    "enable.idempotence": False,
-    "retries": 0,
-    "linger.ms": 5,
-    "request.timeout.ms": 5000,
-    "message.timeout.ms": 10000,
-    "topic.metadata.refresh.interval.ms": 1000,
-}
 PARTITIONS = 3
-
-
-def check_outcome(
-    c: Cluster,
-    topic: str,
-    partitions: int,
-    reports: list[Any],
-    *,
-    tail: Any = None,
-) -> dict[int, list[tuple[int, str]]]:
-    """Once nothing produces and the ISR is full: every replica caught up and equal below
-    the high watermark, and the whole log keeps every promise made to the producers (and
-    holds what the consumer ``tail`` saw); returns the log."""
-    c.wait_full_isr(topic)
-    hws = c.wait_replicas_caught_up(topic, partitions)
-    disagreements = [
-        d for p in range(partitions) for d in c.replica_disagreements(topic, p, hws[p])
-    ]
-    final = c.read_all(topic, partitions)
-    stored = {p: c.stored_batches(rc.BROKERS[0], topic, p) for p in range(partitions)}
-    problems, retried = rc.check_log(final, reports, stored)
-    if tail is not None:
-        problems += tail.problems(final)
-    said = "\n".join(f"producer {i}: {r.summary()}" for i, r in enumerate(reports))
-    epochs = {b: [c.epochs(b, topic, p) for p in range(partitions)] for b in rc.BROKERS}
-    assert not disagreements and not problems, (
-        "replicas disagree:\n  " + "\n  ".join(disagreements) + "\nlog problems:\n  "
-        + "\n  ".join(problems) + f"\n{said}\nhigh watermarks {hws}; epochs by replica "
-        f"{epochs}\n{c.story()}"
-    )  # fmt: skip
-    c.note(f"{topic}: log and replicas check out; {said}; epochs by replica {epochs}")
-    if retried:
-        c.note(f"resent across a leader change, first copy kept: {list(retried.items())[:10]}")
-    return final
-
-
-def wait_acks(c: Cluster, load: Any, since: float, partition: int, count: int, what: str) -> None:
-    try:
-        rc.wait_for(what, lambda: True if load.acked_since(since, partition) >= count else None, 30)
-    except AssertionError as e:
-        raise AssertionError(f"{e}; {load.report.summary()}\n{c.story()}") from None
-    c.note(f"{what}: {load.report.summary()}")
-
-
-def wait_new_leader(c: Cluster, topic: str, partition: int, old: int, timeout_s: float) -> int:
-    views = c.wait_partitions(
-        f"{topic}-{partition}: a leader other than {old}",
-        topic,
-        lambda v: v[partition].leader not in (old, -1) and old not in v[partition].isr,
-        timeout_s,
-    )
-    return int(views[partition].leader)
 
 
 def wait_preferred_leaders(c: Cluster, topic: str) -> None:
@@ -112,21 +50,21 @@ def test_leaders_killed_in_turn_lose_no_acknowledged_record(replication_cluster:
     kill, so the second kill hits that new leader."""
     c, topic = replication_cluster, "killed-leaders"
     c.create_topic(topic, PARTITIONS)
-    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "kill", ONCE)
+    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "kill", rc.ONCE)
     with rc.Tail(c, topic, PARTITIONS) as tail, load:
-        wait_acks(c, load, 0, 0, 100, "acks before any fault")
+        rc.wait_acks(c, load, 0, 0, 100, "acks before any fault")
         victim = c.partition(topic, 0).leader
         leaders = [victim]
         for round_ in (1, 2):
             c.kill(victim)
             killed_at = time.monotonic()
-            new = wait_new_leader(c, topic, 0, victim, c.session_s + 15)
+            new = rc.wait_new_leader(c, topic, 0, victim, c.session_s + 15)
             leaders.append(new)
-            wait_acks(c, load, killed_at, 0, 100, f"round {round_}: acks from new leader {new}")
+            rc.wait_acks(c, load, killed_at, 0, 100, f"round {round_}: acks from new leader {new}")
             c.start(victim)
             views = c.wait_full_isr(topic)
             assert views[0].leader == new, f"partition 0 moved on from {new}: {views}"
-            wait_acks(c, load, time.monotonic(), 0, 100, f"round {round_}: acks after restart")
+            rc.wait_acks(c, load, time.monotonic(), 0, 100, f"round {round_}: acks after restart")
             victim = new
     load.stop()
     tail.stop()
@@ -135,7 +73,7 @@ def test_leaders_killed_in_turn_lose_no_acknowledged_record(replication_cluster:
     # Each kill hit the partition's current leader and moved leadership (the third leader
     # may be the first one again, restarted and back in the ISR).
     assert all(a != b for a, b in itertools.pairwise(leaders)), leaders
-    check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
+    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
     assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
     # Partition 0 had three leaders, each of which had records acknowledged: its log holds
     # at least three leader epochs, in increasing order, on every replica.
@@ -157,17 +95,17 @@ def test_a_paused_leader_acknowledges_nothing_after_losing_leadership_and_is_tru
     an error, and its log must come to equal the new leader's."""
     c, topic = replication_cluster, "paused-leader"
     c.create_topic(topic, PARTITIONS)
-    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "pause", ONCE)
+    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "pause", rc.ONCE)
     queued = []
     with rc.Tail(c, topic, PARTITIONS) as tail, load:
-        wait_acks(c, load, 0, 0, 100, "acks before the pause")
+        rc.wait_acks(c, load, 0, 0, 100, "acks before the pause")
         old = c.partition(topic, 0).leader
         c.pause(old)
         paused_at = time.monotonic()
         queued.append(rc.QueuedProduce(c.address(old), topic, 0, "stale-before-election"))
-        new = wait_new_leader(c, topic, 0, old, c.session_s + 15)
+        new = rc.wait_new_leader(c, topic, 0, old, c.session_s + 15)
         queued.append(rc.QueuedProduce(c.address(old), topic, 0, "stale-after-election"))
-        wait_acks(c, load, paused_at, 0, 50, f"acks from the new leader {new}")
+        rc.wait_acks(c, load, paused_at, 0, 50, f"acks from the new leader {new}")
         rc.wait_for(
             "a pause twice the session timeout",
             lambda: True if time.monotonic() - paused_at > 2 * c.session_s else None,
@@ -179,13 +117,13 @@ def test_a_paused_leader_acknowledges_nothing_after_losing_leadership_and_is_tru
         answers = {q.value: q.answer(timeout_s=30) for q in queued}
         c.note(f"the old leader {old} answered its queued requests: {answers}")
         c.wait_full_isr(topic)
-        wait_acks(c, load, resumed_at, 0, 100, "acks after the old leader rejoined")
+        rc.wait_acks(c, load, resumed_at, 0, 100, "acks after the old leader rejoined")
     load.stop()
     tail.stop()
     c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
     assert load.unflushed == 0, load.report.summary()
     stale = rc.LoadReport(sent=[q.value for q in queued])
-    final = check_outcome(c, topic, PARTITIONS, [load.report, stale], tail=tail)
+    final = rc.check_outcome(c, topic, PARTITIONS, [load.report, stale], tail=tail)
     acknowledged = {v: a for v, a in answers.items() if a[0] == 0}
     assert not acknowledged, f"the deposed leader acknowledged {acknowledged}\n{c.story()}"
     in_log = [(o, v) for o, v in final[0] if v.startswith("stale-")]
@@ -202,7 +140,7 @@ def produce_one(c: Cluster, topic: str, value: str) -> tuple[int | None, int]:
     """One acks=all record to partition 0, not retried: (error code or None, offset)."""
     producer = Producer(
         {
-            **ONCE,
+            **rc.ONCE,
             "bootstrap.servers": c.bootstrap,
             "message.timeout.ms": 8000,
             "logger": rc.NULL_LOGGER,
@@ -287,7 +225,7 @@ def test_isr_shrinks_and_expands_and_acks_all_needs_min_insync_replicas(
     )
     ok("isr-3")
     c.start(f2)
-    final = check_outcome(c, topic, 1, [report])
+    final = rc.check_outcome(c, topic, 1, [report])
     assert final[0] == [(0, "isr-0"), (1, "isr-1"), (2, "isr-2"), (3, "isr-3")], final
 
 
@@ -302,7 +240,7 @@ def test_a_rolling_restart_under_load_loses_nothing_and_answers_only_retriable_e
     and one idempotent producer that retries (every record must be acknowledged, once)."""
     c, topic = replication_cluster, "rolling"
     c.create_topic(topic, PARTITIONS)
-    once = rc.Continuous(c.bootstrap, topic, PARTITIONS, "once", ONCE)
+    once = rc.Continuous(c.bootstrap, topic, PARTITIONS, "once", rc.ONCE)
     idempotent = rc.Continuous(
         c.bootstrap,
         topic,
@@ -317,7 +255,7 @@ def test_a_rolling_restart_under_load_loses_nothing_and_answers_only_retriable_e
         },
     )
     with once, idempotent:
-        wait_acks(c, once, 0, 0, 100, "acks before the restarts")
+        rc.wait_acks(c, once, 0, 0, 100, "acks before the restarts")
         for broker in rc.BROKERS:
             led = [v.partition for v in c.partitions(topic) if v.leader == broker]
             took = c.terminate(broker)
@@ -332,16 +270,18 @@ def test_a_rolling_restart_under_load_loses_nothing_and_answers_only_retriable_e
             )
             assert all(broker not in v.isr for v in views), views
             stopped_at = time.monotonic()
-            wait_acks(c, once, stopped_at, led[0] if led else 0, 30, f"acks while {broker} is down")
+            rc.wait_acks(
+                c, once, stopped_at, led[0] if led else 0, 30, f"acks while {broker} is down"
+            )
             c.start(broker)
             c.wait_full_isr(topic)
             wait_preferred_leaders(c, topic)
-            wait_acks(c, once, time.monotonic(), 0, 30, f"acks after {broker} returned")
+            rc.wait_acks(c, once, time.monotonic(), 0, 30, f"acks after {broker} returned")
     for load in (once, idempotent):
         load.stop()
         c.note(f"stopped {load.tag}: {load.report.summary()}")
         assert load.unflushed == 0, load.report.summary()
-    final = check_outcome(c, topic, PARTITIONS, [once.report, idempotent.report])
+    final = rc.check_outcome(c, topic, PARTITIONS, [once.report, idempotent.report])
     fatal = {
         rc.error_name(code): text
         for _, code, text, _ in once.report.failed.values()
