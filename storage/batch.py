@@ -76,6 +76,7 @@ class CompressionType(IntEnum):
 
 
 _MAX_CODEC_ID = 4  # zstd
+_CODECS = tuple(CompressionType(i) for i in range(_MAX_CODEC_ID + 1))
 
 
 class TimestampType(IntEnum):
@@ -114,10 +115,10 @@ class BatchHeader(NamedTuple):
 
     @property
     def compression(self) -> CompressionType:
-        try:
-            return CompressionType(self.attributes & ATTR_COMPRESSION_MASK)
-        except ValueError as e:
-            raise InvalidRecordError(f"unknown compression codec id {e}") from None
+        codec_id = self.attributes & ATTR_COMPRESSION_MASK
+        if codec_id > _MAX_CODEC_ID:  # a table, not CompressionType(id): it is per batch
+            raise InvalidRecordError(f"unknown compression codec id {codec_id}")
+        return _CODECS[codec_id]
 
     @property
     def timestamp_type(self) -> TimestampType:
