@@ -515,6 +515,16 @@ def test_a_checksummed_batch_whose_records_do_not_tile_its_section_is_refused() 
         check_record_framing(_recrc(fewer), 0, header._replace(record_count=4))
 
 
+@pytest.mark.parametrize("codec", [CompressionType.NONE, CompressionType.LZ4])
+def test_the_framing_check_keeps_the_records_section_budget(codec: CompressionType) -> None:
+    """``max_uncompressed_bytes`` bounds a records section walked as it is too."""
+    data = build_batch([RecordInput(None, b"v" * 100, 1_000) for _ in range(30)], compression=codec)
+    header = decode_batch(data).header
+    check_record_framing(data, 0, header, max_uncompressed_bytes=4_000)
+    with pytest.raises(CorruptRecordError, match="3000 bytes"):
+        check_record_framing(data, 0, header, max_uncompressed_bytes=3_000)
+
+
 def test_a_checksummed_batch_that_does_not_decompress_is_refused() -> None:
     data = bytearray(
         build_batch([RecordInput(None, b"v" * 100, 1_000)], compression=CompressionType.GZIP)
