@@ -35,9 +35,10 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   HW and recovery point; a checkpoint pass fsyncs rolled segments as the log manager does),
   power loss (a crash that also loses the page cache: every unflushed byte and segment file
   name may go, see power_loss.py; only in a quiet cluster, where Kafka's durability promise
-  holds, see ``_power_loss_allowed``), pause (SIGSTOP: the broker's events wait until it resumes; long pauses outlive its
-  session), network partitions (a split, a broker cut from the controller, a leader cut from
-  its followers, one-way links) that heal after a while.
+  holds, see ``_power_loss_allowed``), pause (SIGSTOP: the broker's events wait until it
+  resumes; long pauses outlive its session), network partitions (a split, a broker cut
+  from the controller, a leader cut from its followers, one-way links) that heal after a
+  while.
 - Clients: a producer sends acks=-1 appends of unique values (never retried, so each value
   may be in the log once at most) to the broker it believes leads; a value is acknowledged
   when its commit callback runs with None. A consumer reads below the HW of a broker that
