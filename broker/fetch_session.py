@@ -54,7 +54,7 @@ loop owns it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -256,7 +256,27 @@ class IncrementalFetch:
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.epoch = session.epoch  # the session's epoch once this request is taken
+        self.keys = list(session.partitions)  # every partition: a long poll waits on all
         self.partitions = [(key, c.position) for key, c in session.partitions.items()]
+
+    def skip_quiet(
+        self,
+        quiet: Callable[[PartitionKey, _Cached], bool],
+        among: Container[PartitionKey] | None = None,
+    ) -> None:
+        """Read and answer only the partitions for which ``quiet`` (given each one's request
+        and what the client last heard) says False; a True must mean the partition has no
+        news and ``quiet`` did what reading it would have (a follower's position noted).
+        Each call starts again from the whole session; with ``among``, the partitions not in
+        it count as quiet without asking (a long poll's second look: they were just now)."""
+        cached = self.session.partitions
+        self.partitions = [
+            (key, c.position)
+            for key in self.keys
+            if (among is None or key in among)
+            and (c := cached.get(key)) is not None
+            and not quiet(key, c)
+        ]
 
     def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
         invariant(len(news) == len(self.partitions), "one answer per partition")

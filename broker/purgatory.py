@@ -49,13 +49,20 @@ class WakeReason(enum.Enum):
 
 
 class _Waiter:
-    __slots__ = ("future", "keys", "min_bytes", "received")
+    __slots__ = ("appended", "future", "keys", "min_bytes", "received")
 
-    def __init__(self, future: asyncio.Future[WakeReason], keys: Sequence[Key], min_bytes: int):
+    def __init__(
+        self,
+        future: asyncio.Future[WakeReason],
+        keys: Sequence[Key],
+        min_bytes: int,
+        appended: set[Key] | None,
+    ):
         self.future = future
         self.keys = keys
         self.min_bytes = min_bytes
         self.received = 0
+        self.appended = appended
 
     def wake(self, reason: WakeReason) -> None:
         if not self.future.done():
@@ -79,11 +86,18 @@ class FetchPurgatory:
         """Fetches parked now."""
         return self._waiting
 
-    async def wait(self, keys: Sequence[Key], min_bytes: int, timeout_ms: int) -> WakeReason:
+    async def wait(
+        self,
+        keys: Sequence[Key],
+        min_bytes: int,
+        timeout_ms: int,
+        appended: set[Key] | None = None,
+    ) -> WakeReason:
         """Return once ``min_bytes`` have become readable across ``keys`` since the call,
         or ``timeout_ms`` passed, or a partition changed leader, or shutdown began.
         ``min_bytes <= 0`` or ``timeout_ms <= 0`` return at once; no keys waits the timeout
-        (an empty incremental fetch waits too)."""
+        (an empty incremental fetch waits too). The keys that had bytes meanwhile are added
+        to ``appended``, if given."""
         if min_bytes <= 0:
             return WakeReason.BYTES
         if timeout_ms <= 0:
@@ -94,7 +108,7 @@ class FetchPurgatory:
             self._overflow()
             return WakeReason.OVERFLOW
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes)
+        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes, appended)
         timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
         self._park(waiter)
         try:
@@ -111,6 +125,8 @@ class FetchPurgatory:
             return
         for waiter in waiters:
             waiter.received += bytes_appended
+            if waiter.appended is not None:
+                waiter.appended.add(key)
             if waiter.received >= waiter.min_bytes:
                 waiter.wake(WakeReason.BYTES)
 

@@ -569,6 +569,38 @@ class Partition:
             self._propose_isr((*self.isr, replica_id))
         return FollowerRead(data, None)
 
+    def read_for_quiet_follower(
+        self,
+        replica_id: int,
+        fetch_offset: int,
+        *,
+        last_fetched_epoch: int,
+        current_leader_epoch: int,
+        now_ms: int,
+    ) -> bool:
+        """``read_for_follower`` of an ISR follower caught up at our log end, cheaply: True
+        (the fetch noted, as that would) when this replica leads at ``current_leader_epoch``,
+        the follower's last fetched epoch is our latest (or none, on an empty log) and its
+        position is our log end and unchanged, so there is nothing to read, diverge on, or
+        move (HW, ISR); False, with nothing done, otherwise. Most partitions of a follower's
+        incremental fetch are so."""
+        state, followers, log = self.state, self._followers, self.log
+        if (
+            self.role is not Role.LEADER
+            or state is None
+            or followers is None
+            or current_leader_epoch != state.leader_epoch
+            or fetch_offset != log.log_end_offset
+            or (last_fetched_epoch >= 0 and last_fetched_epoch != log.epoch_cache.latest_epoch)
+            or replica_id not in state.isr
+        ):
+            return False
+        follower = followers.followers.get(replica_id)
+        if follower is None or follower.log_end_offset != fetch_offset:
+            return False
+        followers.follower_fetched(replica_id, fetch_offset, fetch_offset, now_ms)
+        return True
+
     def maybe_shrink_isr(self, now_ms: int) -> tuple[int, ...]:
         """Propose an ISR without the followers not caught up within
         ``replica_lag_time_max_ms``; returns them (empty: nothing proposed)."""

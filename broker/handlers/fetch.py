@@ -29,6 +29,7 @@ no transactions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +39,14 @@ from broker.fetch_session import (
     NO_SESSION,
     FetchContext,
     FetchPosition,
+    IncrementalFetch,
     News,
     PartitionKey,
     SessionRequest,
 )
 from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
+from broker.purgatory import WakeReason
 from controller.image import MetadataImage
 from replication.errors import ReplicationError
 from replication.partition import Partition
@@ -64,6 +67,7 @@ class _Wanted:
 @dataclass(slots=True)
 class _Plan:
     wanted: list[_Wanted]
+    keys: list[PartitionKey]  # what a long poll waits on: ``wanted``, and quiet partitions
     max_bytes: int
     replica_id: int  # >= 0: a follower's fetch
     committed: bool
@@ -94,15 +98,55 @@ def _session_request(request: Any) -> SessionRequest:
     )
 
 
-def _plan(context: BrokerContext, request: Any, session: FetchContext) -> _Plan:
+def _plan(
+    context: BrokerContext,
+    request: Any,
+    session: FetchContext,
+    among: Container[PartitionKey] | None = None,
+) -> _Plan:
+    """What to read. Of a follower's incremental fetch, only partitions with news (or, with
+    ``among``, only those among them): see ``_quiet_for``."""
     image = context.image()
+    if request.replica_id >= 0 and isinstance(session, IncrementalFetch):
+        keys = session.keys
+        session.skip_quiet(_quiet_for(context, request.replica_id), among)
+    else:
+        keys = [key for key, _ in session.partitions]
     wanted = [
         _Wanted(key, position, lookup_partition(context, image, key[0], key[1]))
         for key, position in session.partitions
     ]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    return _Plan(wanted, max_bytes, request.replica_id, committed)
+    return _Plan(wanted, keys, max_bytes, request.replica_id, committed)
+
+
+def _quiet_for(context: BrokerContext, replica_id: int) -> Callable[[PartitionKey, Any], bool]:
+    """Whether a partition of a follower's incremental fetch has no news for it: the follower
+    already heard its offsets and is caught up with nothing to move (noted as a read would;
+    ``Partition.read_for_quiet_follower``). Such partitions, usually most of a session, are
+    neither read nor answered: about 1 µs each instead of a read, an answer and a compare."""
+    get, now_ms = context.replicas.get, context.replicas.clock_ms()
+
+    def quiet(key: PartitionKey, heard: Any) -> bool:
+        replica = get(key[0], key[1])
+        if replica is None:
+            return False
+        position = heard.position
+        return (
+            heard.high_watermark == replica.high_watermark
+            and heard.last_stable_offset == replica.last_stable_offset
+            and heard.log_start_offset == replica.log_start_offset
+            and replica.read_for_quiet_follower(
+                replica_id,
+                position.fetch_offset,
+                last_fetched_epoch=position.last_fetched_epoch,
+                current_leader_epoch=position.current_leader_epoch,
+                now_ms=now_ms,
+            )
+        )
+
+    return quiet
 
 
 def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
@@ -201,7 +245,7 @@ def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     plan = _plan(context, request, session)
     answers, total, urgent = _read(plan, context.image(), clock_ms())
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
-    if total >= request.min_bytes or wait_ms <= 0 or urgent or not plan.wanted:
+    if total >= request.min_bytes or wait_ms <= 0 or urgent or not plan.keys:
         return _response(session, plan, answers, clock_ms())
     return _long_poll(context, request, session, plan, request.min_bytes - total, wait_ms)
 
@@ -214,13 +258,18 @@ async def _long_poll(
     min_bytes: int,
     wait_ms: int,
 ) -> dict[str, Any]:
-    keys = [w.key for w in plan.wanted]
     purgatory = context.purgatory
     if plan.replica_id >= 0 and context.replicas.replica_purgatory is not None:
         purgatory = context.replicas.replica_purgatory
-    await purgatory.wait(keys, min_bytes, wait_ms)
-    # Look the replicas up again: one may have moved or gone while the request waited.
-    plan = _plan(context, request, session)
+    appended: set[PartitionKey] = set()
+    reason = await purgatory.wait(plan.keys, min_bytes, wait_ms, appended)
+    # Look the replicas up again: one may have moved or gone while the request waited. Of
+    # the partitions found quiet before the wait, only those appended to meanwhile can have
+    # news (a leadership change wakes with LEADERSHIP: then every one is looked at again).
+    among = None
+    if reason is WakeReason.BYTES or reason is WakeReason.TIMEOUT:
+        among = appended.union(w.key for w in plan.wanted)
+    plan = _plan(context, request, session, among)
     clock_ms = context.replicas.clock_ms
     answers, _, _ = _read(plan, context.image(), clock_ms())
     return _response(session, plan, answers, clock_ms())

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dispatch_leader import FETCH_V, ME, DispatchLeader, values
+from dispatch_leader import FETCH_V, FOLLOWER, ME, TOPIC_ID, DispatchLeader, values
 from support import FakeClock
 
 from broker.protocol import ApiKey, ErrorCode
+from controller import records as rec
+from controller.image import MetadataDelta
 
 LAG_MS = 30_000
 
@@ -120,5 +122,28 @@ def test_an_idle_follower_fetching_incrementally_stays_in_the_isr(leader: Leader
         leader.clock.advance(LAG_MS + 1)
         leader.replicas.shrink_isrs()
         assert sorted(leader.proposals) == [(("orders", 0), (ME,)), (("orders", 1), (ME,))]
+
+    asyncio.run(main())
+
+
+def test_a_parked_incremental_fetch_answers_a_partition_that_moved_while_it_waited(
+    leader: Leader,
+) -> None:
+    """Quiet partitions are not read or answered; a leadership change wakes a parked fetch,
+    which then looks at every partition again (not only the ones appended to) and answers
+    the moved one's error."""
+
+    async def main() -> None:
+        session = leader.fetch(0, 0, {0: 0, 1: 0}).session_id
+        parked = asyncio.ensure_future(leader.fetch(session, 1, {}, wait_ms=5000))
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        delta = MetadataDelta(leader.image)
+        delta.replay(rec.partition_change(TOPIC_ID, 1, leader=FOLLOWER), leader.image.offset + 1)
+        leader.image = delta.apply()
+        leader.replicas.apply(leader.image)
+        got = answers(await asyncio.wait_for(parked, 5))
+        # its epoch is the old leader's: fenced first (Kafka's order), a refetch learns more
+        assert list(got) == [1] and got[1].error_code == ErrorCode.FENCED_LEADER_EPOCH
 
     asyncio.run(main())

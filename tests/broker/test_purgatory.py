@@ -55,6 +55,23 @@ def test_a_waiter_wakes_once_min_bytes_arrived_on_its_partitions() -> None:
     run(body)
 
 
+def test_a_waiter_collects_the_keys_appended_to_while_it_waited() -> None:
+    async def body() -> None:
+        purgatory = FetchPurgatory()
+        appended: set[tuple[str, int]] = set()
+        task = asyncio.get_running_loop().create_task(
+            purgatory.wait([A, B], 100, LONG_MS, appended)
+        )
+        await asyncio.sleep(0)
+        purgatory.notify(B, 60)
+        purgatory.notify(("other", 0), 500)  # not this fetch's partition
+        purgatory.notify(B, 60)
+        assert await task is WakeReason.BYTES
+        assert appended == {B}
+
+    run(body)
+
+
 def test_only_bytes_appended_after_the_wait_began_count() -> None:
     async def body() -> None:
         purgatory = FetchPurgatory()

@@ -248,3 +248,85 @@ def test_a_new_leader_epoch_forgets_the_followers_positions(leader: Leader) -> N
         2, 2, 1 << 20, last_fetched_epoch=4, current_leader_epoch=5, now_ms=1
     )
     assert leader.partition.high_watermark == 1  # 3 has not fetched in epoch 5
+
+
+# -- a quiet follower read: nothing to read, diverge on or move ----------------------------------
+
+
+def quiet(leader: Leader, replica: int, offset: int, *, now_ms: int = 0, **epochs: int) -> bool:
+    return leader.partition.read_for_quiet_follower(
+        replica,
+        offset,
+        last_fetched_epoch=epochs.get("last", 4),
+        current_leader_epoch=epochs.get("current", 4),
+        now_ms=now_ms,
+    )
+
+
+def test_a_quiet_follower_read_notes_the_fetch_as_a_read_would(tmp_path: Path) -> None:
+    """Two leaders with one history: where one takes the cheap read, the other the full one;
+    their HWs, ISR proposals and lag decisions stay the same."""
+    twins = []
+    for name in ("quiet", "full"):
+        log = load_log(tmp_path / name / "t-0", LogConfig(), clock=FakeClock())
+        made = Leader(log)
+        made.partition.make_leader(state(), now_ms=0)
+        made.append(b"a", b"b")
+        made.fetch(2, 2, now_ms=100)
+        made.fetch(3, 2, now_ms=100)
+        twins.append(made)
+    cheap, full = twins
+    for now_ms in (LAG_MS, 2 * LAG_MS):
+        for replica in (2, 3):
+            assert quiet(cheap, replica, 2, now_ms=now_ms)
+            found = full.partition.read_for_follower(
+                replica, 2, 1 << 20, last_fetched_epoch=4, current_leader_epoch=4, now_ms=now_ms
+            )
+            assert found.diverging is None and found.data is not None
+            assert found.data.slice is None  # nothing to read
+    for made in twins:
+        # caught up at 2 * LAG_MS: in sync until 3 * LAG_MS, out after
+        assert made.partition.maybe_shrink_isr(now_ms=3 * LAG_MS) == ()
+        assert made.partition.maybe_shrink_isr(now_ms=3 * LAG_MS + 1) == (2, 3)
+    assert [m.partition.high_watermark for m in twins] == [2, 2]
+    assert cheap.proposals == full.proposals == [(ME,)]
+    for made in twins:
+        made.partition.log.abandon()
+
+
+def test_a_follower_read_with_anything_to_do_is_never_quiet(leader: Leader) -> None:
+    p = leader.partition
+    leader.append(b"a")
+    leader.fetch(2, 1)
+    leader.fetch(3, 0)
+    assert not quiet(leader, 3, 1)  # its position moves (and with it the HW)
+    assert not quiet(leader, 2, 0)  # below the log end: there is something to read
+    assert not quiet(leader, 2, 1, last=3)  # an older last epoch: may diverge
+    assert not quiet(leader, 2, 1, current=3)  # a stale leader epoch: fenced
+    assert not quiet(leader, 2, 1, current=-1)  # unchecked epoch: the full read decides
+    assert not quiet(leader, 9, 1)  # not a replica
+    assert p.high_watermark == 0 and leader.proposals == []  # none of them did anything
+    assert quiet(leader, 2, 1)
+    p.make_follower(state(leader=2, leader_epoch=5, partition_epoch=11))
+    assert not quiet(leader, 2, 1) and not quiet(leader, 2, 1, current=5)
+
+
+def test_an_out_of_sync_follower_is_never_quiet(tmp_path: Path) -> None:
+    """A caught-up follower outside the ISR must be offered it by a read."""
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log)
+    made.partition.make_leader(state(isr=(ME, 2)), now_ms=0)
+    made.append(b"a", acks=1)
+    made.fetch(2, 1)
+    made.fetch(3, 1)  # caught up: proposed to join
+    assert made.proposals == [(ME, 2, 3)]
+    made.partition.isr_change_failed((ME, 2, 3), 10)  # refused: may be proposed again
+    assert not quiet(made, 3, 1)
+    made.fetch(3, 1)
+    assert made.proposals == [(ME, 2, 3), (ME, 2, 3)]
+    log.abandon()
+
+
+def test_an_empty_log_s_caught_up_follower_is_quiet_without_a_last_epoch(leader: Leader) -> None:
+    leader.fetch(2, 0, epoch=-1)
+    assert quiet(leader, 2, 0, last=-1)
