@@ -45,6 +45,7 @@ bench: install
 	$(PY) -m bench.metadata
 	$(PY) -m bench.codec
 	$(PY) -m bench.produce_consume
+	$(PY) -m bench.idle_partitions
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis
