@@ -243,6 +243,7 @@ class ReplicaManager:
         self.strays_deleted = 0
         self._strays_pending = True
         self.max_new_logs_per_apply = MAX_NEW_LOGS_PER_APPLY
+        self._unservable: set[TopicPartition] = set()  # log not had: said once, tried again
         self._new_logs_left = 0
         self._image: MetadataImage | None = None
         self._topics: dict[str, dict[int, Partition]] = {}  # by topic name, partition id
@@ -369,8 +370,13 @@ class ReplicaManager:
             if on_disk is None:
                 write_partition_metadata(log.dir, topic.topic_id)
         except (StorageError, OSError) as e:
-            _log.error("cannot serve %s: %s", tp, e)
+            # Tried again by each call of a long apply (and when its topic changes): said
+            # once, or a 100,000-partition image out of descriptors logs each one many times.
+            if tp not in self._unservable:
+                self._unservable.add(tp)
+                _log.error("cannot serve %s: %s", tp, e)
             return None
+        self._unservable.discard(tp)
         partition = Partition(
             topic.name,
             topic.topic_id,

@@ -176,6 +176,7 @@ _FROM_STORAGE: tuple[tuple[type[storage_errors.StorageError], type[ReplicationEr
     (storage_errors.OutOfOrderSequenceError, OutOfOrderSequenceNumber),
     (storage_errors.InvalidProducerEpochError, InvalidProducerEpoch),
     (storage_errors.LogDirOfflineError, KafkaStorageError),
+    (storage_errors.OutOfFileDescriptorsError, KafkaStorageError),
     (storage_errors.InconsistentLogError, KafkaStorageError),
 )
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -280,7 +281,20 @@ def _run_node(args: argparse.Namespace) -> int:
         print(config.describe())
         return EXIT_OK
     configure_logging(config.node_id)
+    raise_open_file_limit()
     return uvloop.run(serve(config))
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, as the JVM does for
+    Kafka: a broker keeps a descriptor per segment file. Returns the limit and logs it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    _log.info("open file limit %d (the soft limit raised to the hard one)", soft)
+    return soft
 
 
 def register(groups: Subparsers) -> None:

@@ -8,6 +8,8 @@ to a Kafka error code (``kafka_code``). Broken invariants are programmer errors 
 
 from __future__ import annotations
 
+import errno
+
 
 class StorageError(Exception):
     """Base of every operating error the storage engine raises."""
@@ -70,6 +72,20 @@ class LogDirOfflineError(StorageError):
 
     kafka_code = 56  # KAFKA_STORAGE_ERROR
     retriable = True
+
+
+class OutOfFileDescriptorsError(StorageError):
+    """The process (EMFILE) or the system (ENFILE) has no file descriptor left. A resource
+    limit, not a failed disk: nothing is taken offline, and the operation may succeed once
+    descriptors are free or the limit is raised (``ulimit -n``)."""
+
+    kafka_code = 56  # KAFKA_STORAGE_ERROR
+    retriable = True
+
+
+def out_of_descriptors(error: OSError) -> bool:
+    """Whether ``error`` says the process or the system ran out of file descriptors."""
+    return error.errno in (errno.EMFILE, errno.ENFILE)
 
 
 class CorruptSnapshotError(StorageError):

@@ -46,9 +46,11 @@ from storage.errors import (
     InvalidRecordError,
     LogDirOfflineError,
     OffsetOutOfRangeError,
+    OutOfFileDescriptorsError,
     RecordTooLargeError,
     StorageError,
     invariant,
+    out_of_descriptors,
 )
 from storage.producer_state import ProducerStateManager
 from storage.records import check_record_framing, decode_batch
@@ -97,7 +99,8 @@ class FetchData:
 
 
 def _io_guarded(method: Callable[Concatenate[Log, P], R]) -> Callable[Concatenate[Log, P], R]:
-    """Run a mutation under the lock; an OSError takes the log offline."""
+    """Run a mutation under the lock; an OSError takes the log offline (running out of file
+    descriptors does not: that is a limit, not a failed disk)."""
 
     def wrapper(self: Log, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
@@ -106,12 +109,20 @@ def _io_guarded(method: Callable[Concatenate[Log, P], R]) -> Callable[Concatenat
             try:
                 return method(self, *args, **kwargs)
             except OSError as e:
+                if out_of_descriptors(e):
+                    raise _descriptors_error(self.dir, e) from e
                 self._go_offline(e)
                 raise LogDirOfflineError(f"{self.dir}: I/O error, log taken offline: {e}") from e
 
     wrapper.__name__ = method.__name__
     wrapper.__doc__ = method.__doc__
     return wrapper
+
+
+def _descriptors_error(directory: Path, error: OSError) -> OutOfFileDescriptorsError:
+    return OutOfFileDescriptorsError(
+        f"{directory}: {error}; the log stays online (raise the open file limit, ulimit -n)"
+    )
 
 
 class Log:
@@ -674,6 +685,8 @@ class Log:
         try:
             self._sync(dirty)
         except OSError as e:
+            if out_of_descriptors(e):
+                raise _descriptors_error(self.dir, e) from e
             with self._lock:
                 if self._closed:  # deleted while this thread synced it: nothing is wrong
                     return

@@ -28,7 +28,13 @@ from pathlib import Path
 from storage.checkpoint import OffsetCheckpointFile, fsync_path
 from storage.cleaner import compact
 from storage.config import LogConfig
-from storage.errors import LogDirOfflineError, StorageError
+from storage.descriptors import DescriptorBudget
+from storage.errors import (
+    LogDirOfflineError,
+    OutOfFileDescriptorsError,
+    StorageError,
+    out_of_descriptors,
+)
 from storage.loader import load_log
 from storage.log import Log, wall_clock_ms
 from storage.topic_partition import TopicPartition, parse_dir_name
@@ -52,6 +58,7 @@ class LogManager:
         clock: Callable[[], int] = wall_clock_ms,
         config_for: Callable[[TopicPartition], LogConfig] | None = None,
         foreign_dirs: frozenset[str] = frozenset(),
+        descriptors: DescriptorBudget | None = None,
     ) -> None:
         """``foreign_dirs``: names of directories in a data dir that are not this manager's
         partition logs although they look like one (the metadata log's)."""
@@ -63,6 +70,7 @@ class LogManager:
         self.config_for = config_for
         self._foreign_dirs = foreign_dirs
         self._clock = clock
+        self.descriptors = descriptors or DescriptorBudget()
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir: dict[TopicPartition, Path] = {}
         self.offline_dirs: dict[Path, str] = {}
@@ -145,6 +153,7 @@ class LogManager:
         if existing is not None:
             return existing
         data_dir = self._least_loaded_dir()
+        self.descriptors.take(str(tp))
         log = load_log(
             data_dir / tp.dir_name(),
             config or self._config(tp),
@@ -198,6 +207,8 @@ class LogManager:
             except LogDirOfflineError as e:
                 if not log.closed:  # else: deleted meanwhile (the event loop deletes logs)
                     _log.error("maintenance of %s failed: %s", tp, e)
+            except OutOfFileDescriptorsError as e:  # tried again next pass
+                _log.error("maintenance of %s failed: %s", tp, e)
         for data_dir in self.data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
@@ -218,6 +229,9 @@ class LogManager:
         try:
             stats = compact(log, now_ms, first_dirty_offset=self._clean_end.get(tp))
         except OSError as e:
+            if out_of_descriptors(e):
+                _log.error("compaction of %s failed: %s (ulimit -n)", tp, e)
+                return
             self._mark_offline(self._log_dir[tp], e)
             return
         except LogDirOfflineError:
@@ -250,6 +264,9 @@ class LogManager:
                 {tp: log.log_start_offset for tp, log in logs.items()}
             )
         except OSError as e:
+            if out_of_descriptors(e):  # a limit, not a failed disk: written again next time
+                _log.error("checkpoints of %s not written: %s (ulimit -n)", data_dir, e)
+                return
             self._mark_offline(data_dir, e)
 
     # -- failures --------------------------------------------------------------------------

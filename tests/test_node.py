@@ -5,6 +5,8 @@ leaves by controlled shutdown. (Real processes: tests/test_local_cluster.py.)"""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,8 @@ from proto import controller_pb2 as cpb
 from raft.testing.processes import free_ports
 from runnel.config import load_config
 from runnel.node import RunnelNode
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_config(tmp_path: Path) -> tuple[Path, int, int]:
@@ -89,3 +93,19 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
         assert node.lifecycle.state is BrokerState.STOPPED
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_node_raises_its_open_file_limit_to_the_hard_one() -> None:
+    """In a child process whose soft limit is lowered first (the test's own stays)."""
+    code = (
+        "import resource\n"
+        "from runnel.node import raise_open_file_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512), hard))\n"
+        "assert raise_open_file_limit() == hard\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
