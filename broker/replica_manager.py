@@ -321,12 +321,13 @@ class ReplicaManager:
             self._remove(topic.name, state.partition_id, "topic created again")
             partition = None
         if partition is None:
-            self._new_logs_left -= 1
-            if self._new_logs_left < 0:
+            if self._new_logs_left <= 0:
+                self._new_logs_left = -1
                 return  # over this call's budget (apply returns False)
             partition = self._create(topic, state.partition_id)
             if partition is None:
-                return
+                return  # refused (logged): not counted, or refusals could fill every call
+            self._new_logs_left -= 1
         before = (partition.role, partition.leader_id, partition.leader_epoch)
         if state.leader == self.broker_id:
             partition.make_leader(state, now_ms=self.clock_ms())

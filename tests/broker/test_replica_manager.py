@@ -22,6 +22,7 @@ from controller.image import MetadataDelta, MetadataImage, TopicImage
 from controller.records import ConfigResourceType, MetadataRecord
 from replication.partition import Partition, Role
 from storage.config import LogConfig
+from storage.descriptors import DescriptorBudget
 from storage.log_manager import LogManager
 from storage.topic_partition import TopicPartition
 
@@ -124,6 +125,23 @@ def test_many_new_partitions_are_created_a_bounded_number_per_apply(broker: Brok
     assert sorted(p.partition_id for p in broker.replicas.partitions()) == list(range(5))
     assert all(p.is_leader for p in broker.replicas.partitions())
     assert broker.replicas.apply(image)  # nothing left to do
+
+
+def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(tmp_path: Path) -> None:
+    """Out of descriptors, every new log is refused at once (logged once each): an apply of
+    many such partitions still finishes instead of spending each call on the same ones."""
+    made = Broker(tmp_path / "data")
+    try:
+        made.logs.descriptors = DescriptorBudget(1, 0)  # nothing fits
+        made.replicas.max_new_logs_per_apply = 2
+        image = Cluster().replay(
+            rec.topic("wide", EVENTS),
+            *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(5)),
+        )
+        assert made.replicas.apply(image)
+        assert made.replicas.partitions() == []
+    finally:
+        made.logs.shutdown()
 
 
 def test_partition_metadata_is_kafka_s_file(broker: Broker) -> None:
