@@ -75,7 +75,7 @@ from replication.partition import (
 )
 from storage.checkpoint import write_file_atomic
 from storage.config import LogConfig
-from storage.errors import StorageError
+from storage.errors import OutOfFileDescriptorsError, StorageError
 from storage.log import Log
 from storage.log_manager import LogManager
 from storage.topic_partition import TopicPartition
@@ -103,6 +103,7 @@ _CLUSTER_DEFAULT = ""  # the resource name of the cluster-wide broker configs
 # New logs one ``apply`` creates (a few ms each, with fsyncs): more wait for the next call,
 # so an image with thousands of new partitions here cannot stall the event loop for seconds.
 MAX_NEW_LOGS_PER_APPLY = 200
+REFUSED_SUMMARY_INTERVAL_MS = 10_000  # logs refused for descriptors: one line at most this often
 
 
 def monotonic_ms() -> int:
@@ -244,6 +245,9 @@ class ReplicaManager:
         self._strays_pending = True
         self.max_new_logs_per_apply = MAX_NEW_LOGS_PER_APPLY
         self._unservable: set[TopicPartition] = set()  # log not had: said once, tried again
+        self._refused = 0  # logs refused for descriptors since the last summary
+        self._refused_why = ""
+        self._refused_said_ms = -REFUSED_SUMMARY_INTERVAL_MS
         self._new_logs_left = 0
         self._image: MetadataImage | None = None
         self._topics: dict[str, dict[int, Partition]] = {}  # by topic name, partition id
@@ -298,10 +302,22 @@ class ReplicaManager:
             names = self._topics.keys() if configs.every_topic else configs.topics
             for name in list(names):
                 self._update_settings(name)
+        self._summarise_refusals()
         if self._new_logs_left < 0:  # stopped early: the next call diffs from ``previous``
             self._image = previous
             return False
         return True
+
+    def _summarise_refusals(self) -> None:
+        now_ms = self.clock_ms()
+        if self._refused and now_ms - self._refused_said_ms >= REFUSED_SUMMARY_INTERVAL_MS:
+            _log.error(
+                "%d logs of partitions assigned here refused since the last summary; they "
+                "are not served here (tried again when their topic changes). The last: %s",
+                self._refused,
+                self._refused_why,
+            )
+            self._refused, self._refused_said_ms = 0, now_ms
 
     def _apply_topic(self, topic: TopicImage, old: TopicImage | None) -> None:
         for partition_id, state in topic.partitions.items():
@@ -370,9 +386,13 @@ class ReplicaManager:
                 log.config = settings.log_config
             if on_disk is None:
                 write_partition_metadata(log.dir, topic.topic_id)
+        except OutOfFileDescriptorsError as e:  # many at once: a summary now and then
+            self._refused += 1
+            self._refused_why = str(e)
+            return None
         except (StorageError, OSError) as e:
             # Tried again by each call of a long apply (and when its topic changes): said
-            # once, or a 100,000-partition image out of descriptors logs each one many times.
+            # once per partition.
             if tp not in self._unservable:
                 self._unservable.add(tp)
                 _log.error("cannot serve %s: %s", tp, e)

@@ -4,6 +4,7 @@ created, changed, deleted and created again, strays, topic ids, configs and rest
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,7 +128,9 @@ def test_many_new_partitions_are_created_a_bounded_number_per_apply(broker: Brok
     assert broker.replicas.apply(image)  # nothing left to do
 
 
-def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(tmp_path: Path) -> None:
+def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Out of descriptors, every new log is refused at once (logged once each): an apply of
     many such partitions still finishes instead of spending each call on the same ones."""
     made = Broker(tmp_path / "data")
@@ -138,8 +141,13 @@ def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(tmp_path: Pat
             rec.topic("wide", EVENTS),
             *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(5)),
         )
-        assert made.replicas.apply(image)
+        with caplog.at_level(logging.ERROR, logger="broker.replica_manager"):
+            assert made.replicas.apply(image)
         assert made.replicas.partitions() == []
+        (summary,) = [r.getMessage() for r in caplog.records]  # one line, not one each
+        assert (
+            summary.startswith("5 logs of partitions assigned here refused") and "ulimit" in summary
+        )
     finally:
         made.logs.shutdown()
 
