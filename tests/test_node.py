@@ -11,14 +11,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from support import REPO
+
 from broker.lifecycle import BrokerState
 from controller.client import ControllerClient
 from proto import controller_pb2 as cpb
 from raft.testing.processes import free_ports
 from runnel.config import load_config
 from runnel.node import RunnelNode
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write_config(tmp_path: Path) -> tuple[Path, int, int]:
