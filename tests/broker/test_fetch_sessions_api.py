@@ -69,10 +69,15 @@ def records_of(answer: Any) -> bytes:
     return bytes(answer.records or b"")
 
 
-def led_by(cluster: SharedCluster, topic: str, broker: int) -> list[int]:
+def new_topic(cluster: SharedCluster, prefix: str, broker: int) -> tuple[str, list[int]]:
+    """A fresh topic of PARTITIONS partitions (replication factor 1) and those ``broker``
+    leads (at least two)."""
+    topic = unique_topic(prefix)
+    with cluster.client() as c:
+        c.create_topic(topic, PARTITIONS, 1)
     mine = [p for p, (leader, _) in cluster.leaders(topic).items() if leader == broker]
     assert len(mine) >= 2, (topic, broker, mine)
-    return sorted(mine)
+    return topic, sorted(mine)
 
 
 def open_session(client: RawClient, topic: str, partitions: list[int]) -> int:
@@ -85,10 +90,8 @@ def open_session(client: RawClient, topic: str, partitions: list[int]) -> int:
 def test_an_incremental_fetch_answers_only_the_partitions_that_changed(
     cluster: SharedCluster,
 ) -> None:
-    topic, broker = unique_topic("sess-news"), BROKERS[0]
-    with cluster.client() as c:
-        c.create_topic(topic, PARTITIONS, 1)
-    first, second, *rest = led_by(cluster, topic, broker)
+    broker = BROKERS[0]
+    topic, (first, second, *rest) = new_topic(cluster, "sess-news", broker)
     with cluster.client(broker) as c:
         session = open_session(c, topic, [first, second, *rest])
         assert answered(session_fetch(c, session, 1, [])) == {}
@@ -102,10 +105,8 @@ def test_an_incremental_fetch_answers_only_the_partitions_that_changed(
 
 
 def test_a_wrong_epoch_is_71_and_an_unknown_session_is_70(cluster: SharedCluster) -> None:
-    topic, broker = unique_topic("sess-err"), BROKERS[1]
-    with cluster.client() as c:
-        c.create_topic(topic, PARTITIONS, 1)
-    mine = led_by(cluster, topic, broker)
+    broker = BROKERS[1]
+    topic, mine = new_topic(cluster, "sess-err", broker)
     with cluster.client(broker) as c:
         session = open_session(c, topic, mine)
         for wrong in (2, 9):
@@ -124,10 +125,8 @@ def test_a_wrong_epoch_is_71_and_an_unknown_session_is_70(cluster: SharedCluster
 
 
 def test_forgotten_partitions_stop_appearing(cluster: SharedCluster) -> None:
-    topic, broker = unique_topic("sess-forget"), BROKERS[0]
-    with cluster.client() as c:
-        c.create_topic(topic, PARTITIONS, 1)
-    kept, dropped, *_ = led_by(cluster, topic, broker)
+    broker = BROKERS[0]
+    topic, (kept, dropped, *_) = new_topic(cluster, "sess-forget", broker)
     with cluster.client(broker) as c:
         session = open_session(c, topic, [kept, dropped])
         assert answered(session_fetch(c, session, 1, [], forgotten=[(topic, dropped)])) == {}
@@ -144,10 +143,8 @@ def test_forgotten_partitions_stop_appearing(cluster: SharedCluster) -> None:
 def test_a_parked_incremental_fetch_wakes_for_any_partition_of_its_session(
     cluster: SharedCluster,
 ) -> None:
-    topic, broker = unique_topic("sess-park"), BROKERS[1]
-    with cluster.client() as c:
-        c.create_topic(topic, PARTITIONS, 1)
-    first, *others = led_by(cluster, topic, broker)
+    broker = BROKERS[1]
+    topic, (first, *others) = new_topic(cluster, "sess-park", broker)
     woken = others[-1]
     with cluster.client(broker) as c:
         session = open_session(c, topic, [first, *others])
