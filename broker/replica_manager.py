@@ -20,6 +20,14 @@ one identity check per partition, since unchanged ``PartitionState`` objects are
 * a topic config change (or a dynamic broker default: ``log.retention.ms`` ...) updates the
   partitions' log configs and ``min.insync.replicas``.
 
+A partition assigned here whose log cannot be had (file descriptors ran short, see
+``storage.descriptors``, or its data directory failed) is not served, and is remembered as
+unserved: ``retry_unserved``, which the broker calls every ``UNSERVED_RETRY_INTERVAL_MS``,
+tries those again with their state in the current image, so they are served once
+descriptors are free again (a topic deleted, the limit raised) without waiting for their
+topic to change. A pass stops at the first refusal for descriptors (the rest would be
+refused too, and each try costs a log lookup) and after ``max_new_logs_per_apply`` new logs.
+
 Whenever a partition's leader or leader epoch changes, or it goes away, long-polling fetches
 parked on it in the purgatory are woken, so they answer with the new state at once.
 
@@ -104,6 +112,7 @@ _CLUSTER_DEFAULT = ""  # the resource name of the cluster-wide broker configs
 # so an image with thousands of new partitions here cannot stall the event loop for seconds.
 MAX_NEW_LOGS_PER_APPLY = 200
 REFUSED_SUMMARY_INTERVAL_MS = 10_000  # logs refused for descriptors: one line at most this often
+UNSERVED_RETRY_INTERVAL_MS = 5_000  # how often the broker calls ``retry_unserved``
 
 
 def monotonic_ms() -> int:
@@ -244,7 +253,10 @@ class ReplicaManager:
         self.strays_deleted = 0
         self._strays_pending = True
         self.max_new_logs_per_apply = MAX_NEW_LOGS_PER_APPLY
-        self._unservable: set[TopicPartition] = set()  # log not had: said once, tried again
+        # Assigned here, log not had: tried again by ``retry_unserved``. The value: whether
+        # an error line was written for it (said once per partition).
+        self._unserved: dict[TopicPartition, bool] = {}
+        self._apply_unfinished = False
         self._refused = 0  # logs refused for descriptors since the last summary
         self._refused_why = ""
         self._refused_said_ms = -REFUSED_SUMMARY_INTERVAL_MS
@@ -303,9 +315,38 @@ class ReplicaManager:
             for name in list(names):
                 self._update_settings(name)
         self._summarise_refusals()
-        if self._new_logs_left < 0:  # stopped early: the next call diffs from ``previous``
+        self._apply_unfinished = self._new_logs_left < 0
+        if self._apply_unfinished:  # stopped early: the next call diffs from ``previous``
             self._image = previous
             return False
+        return True
+
+    @property
+    def unserved(self) -> frozenset[TopicPartition]:
+        """Partitions assigned here whose logs could not be had (not served)."""
+        return frozenset(self._unserved)
+
+    def retry_unserved(self) -> bool:
+        """Try again to serve the unserved partitions (module doc) that the applied image
+        still assigns here. False when it stopped after ``max_new_logs_per_apply`` new logs
+        (call again soon); nothing while an apply is unfinished (it handles them)."""
+        image = self._image
+        if image is None or not self._unserved or self._apply_unfinished:
+            return True
+        self._new_logs_left = self.max_new_logs_per_apply
+        for tp in list(self._unserved):
+            topic = image.topic_by_name(tp.topic)
+            state = None if topic is None else topic.partitions.get(tp.partition)
+            if topic is None or state is None or self.broker_id not in state.replicas:
+                del self._unserved[tp]  # deleted or moved away meanwhile
+                continue
+            refused = self._refused
+            self._apply_partition(topic, state)
+            if self._refused != refused:
+                break  # out of descriptors: the rest would be refused too
+            if self._new_logs_left < 0:
+                return False
+        self._summarise_refusals()
         return True
 
     def _summarise_refusals(self) -> None:
@@ -313,8 +354,9 @@ class ReplicaManager:
         if self._refused and now_ms - self._refused_said_ms >= REFUSED_SUMMARY_INTERVAL_MS:
             _log.error(
                 "%d logs of partitions assigned here refused since the last summary; they "
-                "are not served here (tried again when their topic changes). The last: %s",
+                "are not served here (tried again every %d s). The last: %s",
                 self._refused,
+                UNSERVED_RETRY_INTERVAL_MS // 1000,
                 self._refused_why,
             )
             self._refused, self._refused_said_ms = 0, now_ms
@@ -389,15 +431,21 @@ class ReplicaManager:
         except OutOfFileDescriptorsError as e:  # many at once: a summary now and then
             self._refused += 1
             self._refused_why = str(e)
+            self._unserved.setdefault(tp, False)
             return None
         except (StorageError, OSError) as e:
-            # Tried again by each call of a long apply (and when its topic changes): said
-            # once per partition.
-            if tp not in self._unservable:
-                self._unservable.add(tp)
-                _log.error("cannot serve %s: %s", tp, e)
+            # Tried again by each call of a long apply and by ``retry_unserved``: said once
+            # per partition.
+            if not self._unserved.get(tp):
+                _log.error(
+                    "cannot serve %s: %s (tried again every %d s)",
+                    tp,
+                    e,
+                    UNSERVED_RETRY_INTERVAL_MS // 1000,
+                )
+            self._unserved[tp] = True
             return None
-        self._unservable.discard(tp)
+        self._unserved.pop(tp, None)
         partition = Partition(
             topic.name,
             topic.topic_id,
@@ -424,6 +472,7 @@ class ReplicaManager:
 
     def _remove(self, topic: str, partition_id: int, reason: str) -> None:
         """Stop serving a partition held here and delete its log (no-op if not held)."""
+        self._unserved.pop(TopicPartition(topic, partition_id), None)
         held = self._topics.get(topic)
         partition = None if held is None else held.pop(partition_id, None)
         if partition is None or held is None:

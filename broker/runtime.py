@@ -41,7 +41,12 @@ from broker.dispatcher import KafkaDispatcher
 from broker.producer_ids import ProducerIdManager
 from broker.purgatory import FetchPurgatory
 from broker.replica_fetcher import FetcherConfig, ReplicaFetcherManager
-from broker.replica_manager import ReplicaManager, monotonic_ms, topic_settings
+from broker.replica_manager import (
+    UNSERVED_RETRY_INTERVAL_MS,
+    ReplicaManager,
+    monotonic_ms,
+    topic_settings,
+)
 from broker.server import Server, ServerConfig
 from controller.client import ControllerClient
 from controller.image import MetadataImage
@@ -178,6 +183,10 @@ class KafkaBroker:
                 ),
                 name="hw-checkpoint",
             ),
+            loop.create_task(
+                self._every(UNSERVED_RETRY_INTERVAL_MS, self._retry_unserved),
+                name="unserved-retry",
+            ),
         ]
         await self.server.start()
         _log.info("kafka listener %s on port %d", self.settings.listener_name, self.server.port)
@@ -211,6 +220,12 @@ class KafkaBroker:
     def _apply_rest(self) -> None:
         self._apply_scheduled = False
         self._apply(self._image)
+
+    def _retry_unserved(self) -> None:
+        """Partitions whose logs could not be had, tried again; more in later loop turns
+        when many are served at once (an unfinished apply comes first)."""
+        if not self._apply_scheduled and not self.replicas.retry_unserved():
+            asyncio.get_running_loop().call_soon(self._retry_unserved)
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """A leader's Kafka listener (the one named like this broker's), from the image."""

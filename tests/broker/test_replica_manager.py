@@ -24,6 +24,8 @@ from controller.records import ConfigResourceType, MetadataRecord
 from replication.partition import Partition, Role
 from storage.config import LogConfig
 from storage.descriptors import DescriptorBudget
+from storage.errors import StorageError
+from storage.log import Log
 from storage.log_manager import LogManager
 from storage.topic_partition import TopicPartition
 
@@ -128,6 +130,13 @@ def test_many_new_partitions_are_created_a_bounded_number_per_apply(broker: Brok
     assert broker.replicas.apply(image)  # nothing left to do
 
 
+def wide(partitions: int) -> MetadataImage:
+    return Cluster().replay(
+        rec.topic("wide", EVENTS),
+        *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(partitions)),
+    )
+
+
 def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -137,12 +146,8 @@ def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(
     try:
         made.logs.descriptors = DescriptorBudget(1, 0)  # nothing fits
         made.replicas.max_new_logs_per_apply = 2
-        image = Cluster().replay(
-            rec.topic("wide", EVENTS),
-            *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(5)),
-        )
         with caplog.at_level(logging.ERROR, logger="broker.replica_manager"):
-            assert made.replicas.apply(image)
+            assert made.replicas.apply(wide(5))
         assert made.replicas.partitions() == []
         (summary,) = [r.getMessage() for r in caplog.records]  # one line, not one each
         assert (
@@ -150,6 +155,133 @@ def test_partitions_whose_logs_are_refused_do_not_hold_up_the_rest(
         )
     finally:
         made.logs.shutdown()
+
+
+def count_creations(made: Broker, monkeypatch: pytest.MonkeyPatch) -> list[TopicPartition]:
+    """The logs the replica manager asks its log manager to create, in order."""
+    asked: list[TopicPartition] = []
+    create = made.logs.get_or_create_log
+
+    def counted(tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        asked.append(tp)
+        return create(tp, config)
+
+    monkeypatch.setattr(made.logs, "get_or_create_log", counted)
+    return asked
+
+
+def test_refused_partitions_are_served_once_descriptors_are_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only when their topic changes: the broker's periodic retry serves them, a
+    bounded number of new logs per call, and a pass stops at the first refusal."""
+    made = Broker(tmp_path / "data")
+    try:
+        made.logs.descriptors = DescriptorBudget(1, 0)  # nothing fits
+        assert made.replicas.apply(wide(5))
+        assert made.replicas.unserved == {TopicPartition("wide", p) for p in range(5)}
+        asked = count_creations(made, monkeypatch)
+        assert made.replicas.retry_unserved()
+        assert asked == [TopicPartition("wide", 0)]  # the rest would be refused too
+        assert made.replicas.partitions() == []
+
+        made.logs.descriptors = DescriptorBudget(10_000, 0, count=lambda: 10)  # room again
+        made.replicas.max_new_logs_per_apply = 2
+        assert [made.replicas.retry_unserved() for _ in range(3)] == [False, False, True]
+        assert sorted(p.partition_id for p in made.replicas.partitions()) == list(range(5))
+        assert all(p.is_leader and p.leader_epoch == 0 for p in made.replicas.partitions())
+        assert made.replicas.unserved == frozenset()
+        assert made.dirs() == {f"wide-{p}" for p in range(5)}
+    finally:
+        made.logs.shutdown()
+
+
+def test_unserved_partitions_deleted_or_moved_meanwhile_are_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = Broker(tmp_path / "data")
+    try:
+        made.logs.descriptors = DescriptorBudget(1, 0)
+        cluster = Cluster()
+        made.replicas.apply(
+            cluster.replay(
+                *orders(),
+                rec.topic("wide", EVENTS),
+                rec.partition(EVENTS, 0, [ME], [ME], leader=ME),
+            )
+        )
+        assert made.replicas.unserved == {
+            TopicPartition("orders", 0),
+            TopicPartition("orders", 1),
+            TopicPartition("wide", 0),
+        }
+        made.replicas.apply(
+            cluster.replay(
+                rec.remove_topic(EVENTS),
+                rec.partition_change(ORDERS, 1, replicas=[2, 3], isr=[2, 3], leader=2),
+            )
+        )
+        made.logs.descriptors = DescriptorBudget(10_000, 0, count=lambda: 10)
+        asked = count_creations(made, monkeypatch)
+        assert made.replicas.retry_unserved()
+        assert asked == [TopicPartition("orders", 0)]
+        assert made.replicas.unserved == frozenset()
+        assert [p.key for p in made.replicas.partitions()] == [("orders", 0)]
+    finally:
+        made.logs.shutdown()
+
+
+def test_no_retry_while_an_apply_is_unfinished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An apply stopped on its budget is the newer state: retrying meanwhile would serve
+    partitions with the older image's state."""
+    made = Broker(tmp_path / "data")
+    try:
+        made.logs.descriptors = DescriptorBudget(1, 0)
+        cluster = Cluster()
+        assert made.replicas.apply(cluster.replay(*orders()))
+        made.logs.descriptors = DescriptorBudget(10_000, 0, count=lambda: 10)
+        made.replicas.max_new_logs_per_apply = 1
+        wider = cluster.replay(
+            rec.topic("wide", EVENTS),
+            *(rec.partition(EVENTS, p, [ME], [ME], leader=ME) for p in range(3)),
+        )
+        assert not made.replicas.apply(wider)
+        asked = count_creations(made, monkeypatch)
+        assert made.replicas.retry_unserved()
+        assert asked == []
+        assert [made.replicas.apply(wider) for _ in range(2)] == [False, True]
+        assert [made.replicas.retry_unserved() for _ in range(2)] == [False, True]
+        assert made.replicas.unserved == frozenset()
+        assert len(made.replicas.partitions()) == 5
+    finally:
+        made.logs.shutdown()
+
+
+def test_a_partition_whose_directory_fails_is_said_once_and_served_later(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    create = broker.logs.get_or_create_log
+    failing = [True]
+
+    def flaky(tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        if failing[0]:
+            raise StorageError(f"{tp}: data directory offline")
+        return create(tp, config)
+
+    monkeypatch.setattr(broker.logs, "get_or_create_log", flaky)
+    with caplog.at_level(logging.ERROR, logger="broker.replica_manager"):
+        broker.replicas.apply(Cluster().replay(*orders()))
+        broker.replicas.retry_unserved()
+        broker.replicas.retry_unserved()
+    said = sorted(r.getMessage().split(":")[0] for r in caplog.records)
+    assert said == ["cannot serve orders-0", "cannot serve orders-1"]  # once each
+    assert broker.replicas.partitions() == []
+    failing[0] = False
+    assert broker.replicas.retry_unserved()
+    assert sorted(p.key for p in broker.replicas.partitions()) == [("orders", 0), ("orders", 1)]
+    assert broker.partition("orders", 1).role is Role.FOLLOWER
 
 
 def test_partition_metadata_is_kafka_s_file(broker: Broker) -> None:
