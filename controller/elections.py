@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from controller.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionState
 from controller.outcome import DecisionError, Outcome
@@ -163,37 +163,11 @@ def unfence_broker(
 def alter_partition(
     image: MetadataImage, request: cpb.AlterPartitionRequest
 ) -> Outcome[cpb.AlterPartitionResponse]:
-    """A leader's new ISR (KIP-497), with each member's broker epoch (KIP-903). The answer is
-    the partition as it will be once the change is committed."""
-    p = image.partition(request.topic_id, request.partition_id)
-    if p is None:
-        raise DecisionError(
-            cpb.UNKNOWN_TOPIC_OR_PARTITION,
-            f"no partition {request.partition_id} of topic id {request.topic_id.hex()}",
-        )
-    _check_leader(image, p, request)
-    new_isr = _checked_isr(image, p, request)
-    if set(new_isr) == set(p.isr):
-        return Outcome((), cpb.AlterPartitionResponse(partition=partition_record(p)))
-    change = pb.PartitionChangeRecord(
-        topic_id=p.topic_id, partition_id=p.partition_id, isr=pb.BrokerIds(ids=new_isr)
-    )
-    after = partition_record(p)
-    after.ClearField("isr")
-    after.isr.extend(new_isr)
-    after.partition_epoch = p.partition_epoch + 1
-    return Outcome(
-        (pb.MetadataRecord(partition_change=change),),
-        cpb.AlterPartitionResponse(partition=after),
-    )
-
-
-def _check_leader(
-    image: MetadataImage, p: PartitionState, request: cpb.AlterPartitionRequest
-) -> None:
-    """The requester must be the current registration of the current leader, at the current
-    leader and partition epochs."""
-    where = f"partition {p.partition_id} of topic id {p.topic_id.hex()}"
+    """A leader's new ISRs (KIP-497), with each member's broker epoch (KIP-903), one result
+    per change: the partition as it will be once the change is committed, or why it was
+    refused (that change writes nothing; the others go on). Each change is judged against
+    ``image``; a partition named twice is refused the second time. A requester that is not
+    the current registration of its broker is refused as a whole (DecisionError)."""
     reg = image.brokers.get(request.broker_id)
     if reg is None or reg.broker_epoch != request.broker_epoch:
         held = "not registered" if reg is None else f"registered at epoch {reg.broker_epoch}"
@@ -201,32 +175,82 @@ def _check_leader(
             cpb.STALE_BROKER_EPOCH,
             f"broker {request.broker_id} at epoch {request.broker_epoch} is {held}",
         )
-    if p.leader != request.broker_id or p.leader_epoch != request.leader_epoch:
+    records: list[pb.MetadataRecord] = []
+    results: list[cpb.IsrChangeResult] = []
+    seen: set[tuple[bytes, int]] = set()
+    for change in request.changes:
+        key = (change.topic_id, change.partition_id)
+        try:
+            if key in seen:
+                raise DecisionError(
+                    cpb.INVALID_REQUEST,
+                    f"partition {change.partition_id} of topic id {change.topic_id.hex()} is "
+                    "named twice",
+                )
+            seen.add(key)
+            record, after = _alter_one(image, request.broker_id, change)
+        except DecisionError as e:
+            error = cast(cpb.ErrorCode, e.code)  # (the stubs have no ValueType)
+            results.append(cpb.IsrChangeResult(error=error, message=e.message))
+            continue
+        if record is not None:
+            records.append(record)
+        results.append(cpb.IsrChangeResult(partition=after))
+    return Outcome(tuple(records), cpb.AlterPartitionResponse(results=results))
+
+
+def _alter_one(
+    image: MetadataImage, broker_id: int, change: cpb.IsrChange
+) -> tuple[pb.MetadataRecord | None, pb.PartitionRecord]:
+    """One change's record (None: the ISR is already so) and the partition after it."""
+    p = image.partition(change.topic_id, change.partition_id)
+    if p is None:
+        raise DecisionError(
+            cpb.UNKNOWN_TOPIC_OR_PARTITION,
+            f"no partition {change.partition_id} of topic id {change.topic_id.hex()}",
+        )
+    _check_leader(p, broker_id, change)
+    new_isr = _checked_isr(image, p, change)
+    after = partition_record(p)
+    if set(new_isr) == set(p.isr):
+        return None, after
+    record = pb.PartitionChangeRecord(
+        topic_id=p.topic_id, partition_id=p.partition_id, isr=pb.BrokerIds(ids=new_isr)
+    )
+    after.ClearField("isr")
+    after.isr.extend(new_isr)
+    after.partition_epoch = p.partition_epoch + 1
+    return pb.MetadataRecord(partition_change=record), after
+
+
+def _check_leader(p: PartitionState, broker_id: int, change: cpb.IsrChange) -> None:
+    """The requester must be the current leader, at the current leader and partition
+    epochs."""
+    where = f"partition {p.partition_id} of topic id {p.topic_id.hex()}"
+    if p.leader != broker_id or p.leader_epoch != change.leader_epoch:
         raise DecisionError(
             cpb.FENCED_LEADER_EPOCH,
-            f"{where}: broker {request.broker_id} at leader epoch {request.leader_epoch} is not "
+            f"{where}: broker {broker_id} at leader epoch {change.leader_epoch} is not "
             f"the leader (leader {p.leader} at leader epoch {p.leader_epoch})",
         )
-    if p.partition_epoch != request.partition_epoch:
+    if p.partition_epoch != change.partition_epoch:
         raise DecisionError(
             cpb.INVALID_UPDATE_VERSION,
-            f"{where}: partition epoch {request.partition_epoch} is not the current "
+            f"{where}: partition epoch {change.partition_epoch} is not the current "
             f"{p.partition_epoch}",
         )
 
 
-def _checked_isr(
-    image: MetadataImage, p: PartitionState, request: cpb.AlterPartitionRequest
-) -> tuple[int, ...]:
+def _checked_isr(image: MetadataImage, p: PartitionState, change: cpb.IsrChange) -> tuple[int, ...]:
     """The proposed ISR's broker ids, once it is well formed and every member may be in it."""
     where = f"partition {p.partition_id} of topic id {p.topic_id.hex()}"
-    isr = tuple(m.broker_id for m in request.new_isr)
+    isr = tuple(m.broker_id for m in change.new_isr)
     if not isr or len(set(isr)) != len(isr) or p.leader not in isr:
         raise DecisionError(
             cpb.INVALID_REQUEST,
             f"{where}: new ISR {list(isr)} is empty, repeats a broker or leaves out the leader",
         )
-    for member in request.new_isr:
+    for member in change.new_isr:
         why = _ineligible(image, p, member)
         if why:
             raise DecisionError(cpb.INELIGIBLE_REPLICA, f"{where}: broker {member.broker_id} {why}")

@@ -228,31 +228,47 @@ class IsrMember(_message.Message):
     broker_epoch: int
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
-class AlterPartitionRequest(_message.Message):
-    __slots__ = ("broker_id", "broker_epoch", "topic_id", "partition_id", "leader_epoch", "partition_epoch", "new_isr")
-    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
-    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+class IsrChange(_message.Message):
+    __slots__ = ("topic_id", "partition_id", "leader_epoch", "partition_epoch", "new_isr")
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEW_ISR_FIELD_NUMBER: _ClassVar[int]
-    broker_id: int
-    broker_epoch: int
     topic_id: bytes
     partition_id: int
     leader_epoch: int
     partition_epoch: int
     new_isr: _containers.RepeatedCompositeFieldContainer[IsrMember]
-    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., topic_id: _Optional[bytes] = ..., partition_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[_Union[IsrMember, _Mapping]]] = ...) -> None: ...
+    def __init__(self, topic_id: _Optional[bytes] = ..., partition_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[_Union[IsrMember, _Mapping]]] = ...) -> None: ...
+
+class AlterPartitionRequest(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch", "changes")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    changes: _containers.RepeatedCompositeFieldContainer[IsrChange]
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[IsrChange, _Mapping]]] = ...) -> None: ...
+
+class IsrChangeResult(_message.Message):
+    __slots__ = ("error", "message", "partition")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    error: ErrorCode
+    message: str
+    partition: _metadata_pb2.PartitionRecord
+    def __init__(self, error: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., partition: _Optional[_Union[_metadata_pb2.PartitionRecord, _Mapping]] = ...) -> None: ...
 
 class AlterPartitionResponse(_message.Message):
-    __slots__ = ("header", "partition")
+    __slots__ = ("header", "results")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
-    partition: _metadata_pb2.PartitionRecord
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., partition: _Optional[_Union[_metadata_pb2.PartitionRecord, _Mapping]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[IsrChangeResult]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[IsrChangeResult, _Mapping]]] = ...) -> None: ...
 
 class TopicPartitions(_message.Message):
     __slots__ = ("topic", "partitions")

@@ -163,6 +163,8 @@ def _replication_metrics(
          kafka.alter_partition.sent),
         ("isr_changes_refused", "ISR changes the controller refused so far",
          kafka.alter_partition.refused),
+        ("isr_change_requests", "AlterPartition requests (ISR changes batched) sent so far",
+         kafka.alter_partition.requests),
         ("fetch_sessions", "Fetch sessions (KIP-227) open here now", sessions.size),
         ("fetch_session_partitions", "Partitions cached in fetch sessions now",
          sessions.partitions),

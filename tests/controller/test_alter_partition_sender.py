@@ -1,7 +1,8 @@
 """The AlterPartition sender against a real controller quorum (three in-process controllers,
-real gRPC): a committed change reaches the partition at once; a proposal made from a stale
-view stays pending (it may have been committed) and is asked again until the image ends it;
-a refusal for good ends it."""
+real gRPC): a committed change reaches the partition at once; proposals made together go in
+one request, each answered on its own; a proposal made from a stale view stays pending (it
+may have been committed) and is asked again until the image ends it; a refusal for good
+ends it."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ def active(quorum: Quorum) -> QuorumController:
 
 
 async def setup(
-    quorum: Quorum, client: ControllerClient
+    quorum: Quorum, client: ControllerClient, partitions: int = 1
 ) -> tuple[dict[int, int], PartitionState, bytes]:
     epochs = {}
     for broker_id in (1, 2, 3):
         epochs[broker_id] = await register(client, broker_id)
         await heartbeat_until_unfenced(client, broker_id, epochs[broker_id])
-    response = await client.call("CreateTopics", cpb.CreateTopicsRequest(topics=[topic("t", 1, 3)]))
+    request = cpb.CreateTopicsRequest(topics=[topic("t", partitions, 3)])
+    response = await client.call("CreateTopics", request)
     assert [t.error for t in response.topics] == [cpb.NONE]
     image = active(quorum).committed_image
     topic_id = image.topic_ids["t"]
@@ -48,9 +50,14 @@ LAG_MS = 1000
 def leader_replica(
     root: Path, state: PartitionState, topic_id: bytes, sender: AlterPartitionSender
 ) -> Partition:
-    log = load_log(root / "t-0", LogConfig(), clock=FakeClock())
+    log = load_log(root / f"t-{state.partition_id}", LogConfig(), clock=FakeClock())
     partition = Partition(
-        "t", topic_id, 0, log, local_broker_id=state.leader, replica_lag_time_max_ms=LAG_MS
+        "t",
+        topic_id,
+        state.partition_id,
+        log,
+        local_broker_id=state.leader,
+        replica_lag_time_max_ms=LAG_MS,
     )
     partition.propose_isr = sender.propose
     partition.make_leader(state, now_ms=0)
@@ -121,16 +128,19 @@ def test_a_proposal_from_a_stale_view_stays_pending_until_the_image_ends_it(
         # Another proposal, committed while this replica's view stays at the old epoch (as
         # if its answer were lost): the controller now has partition epoch + 1.
         first = (state.leader, others[0])
-        request = cpb.AlterPartitionRequest(
-            broker_id=state.leader,
-            broker_epoch=epochs[state.leader],
+        change = cpb.IsrChange(
             topic_id=topic_id,
             partition_id=0,
             leader_epoch=state.leader_epoch,
             partition_epoch=state.partition_epoch,
             new_isr=[cpb.IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in first],
         )
-        assert (await client.call("AlterPartition", request)).header.error == cpb.NONE
+        request = cpb.AlterPartitionRequest(
+            broker_id=state.leader, broker_epoch=epochs[state.leader], changes=[change]
+        )
+        response = await client.call("AlterPartition", request)
+        assert response.header.error == cpb.NONE
+        assert [r.error for r in response.results] == [cpb.NONE]
         second = shrink_to(partition, others[1])
         await until("refusals", lambda: sender.refused >= 2)  # asked again, still pending
         assert partition.pending_isr == second and partition.isr == state.isr
@@ -141,6 +151,64 @@ def test_a_proposal_from_a_stale_view_stays_pending_until_the_image_ends_it(
         refused = sender.refused
         await asyncio.sleep(3 * BACKOFF_MS / 1000)
         assert sender.refused == refused  # no longer asked
+        await sender.close()
+
+    run(main, tmp_path)
+
+
+def test_proposals_made_together_go_in_one_request_each_answered_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """A leader of many partitions shrinks them all at once: one AlterPartition carries
+    them. One proposal in it is malformed (an ISR without the leader): refused for good, it
+    ends alone and its partition rests; the others are committed."""
+
+    async def main(quorum: Quorum, client: ControllerClient) -> None:
+        epochs, _, topic_id = await setup(quorum, client, partitions=12)
+        states = active(quorum).committed_image.topics[topic_id].partitions
+        leader = max((1, 2, 3), key=lambda b: sum(p.leader == b for p in states.values()))
+        sender = sender_for(quorum, client, epochs, leader)
+        led = [
+            leader_replica(tmp_path, state, topic_id, sender)
+            for state in states.values()
+            if state.leader == leader
+        ]
+        assert len(led) >= 4
+        malformed, rest = led[0], led[1:]
+        followers = [b for b in malformed.isr if b != leader]
+        assert malformed._propose_isr((followers[0],))  # the leader left out
+        smaller = {
+            p.partition_id: shrink_to(p, next(b for b in p.isr if b != leader)) for p in rest
+        }
+        await until("the answers", lambda: all(p.pending_isr is None for p in led))
+        assert sender.requests == 1 and sender.sent == len(led)
+        assert {p.partition_id: p.isr for p in rest} == smaller
+        committed = active(quorum).committed_image.topics[topic_id].partitions
+        assert {i: committed[i].isr for i in smaller} == smaller
+        assert malformed.isr == committed[malformed.partition_id].isr
+        assert malformed.isr == states[malformed.partition_id].isr
+        assert sender.refused == 1
+        assert not sender.propose(malformed, (leader, followers[0]))  # resting after it
+        await sender.close()
+
+    run(main, tmp_path)
+
+
+def test_a_request_refused_as_a_whole_is_asked_again_with_the_current_broker_epoch(
+    tmp_path: Path,
+) -> None:
+    async def main(quorum: Quorum, client: ControllerClient) -> None:
+        epochs, state, topic_id = await setup(quorum, client)
+        registered = epochs[state.leader]
+        epochs[state.leader] = registered - 1  # as if this broker's view were behind
+        sender = sender_for(quorum, client, epochs, state.leader)
+        partition = leader_replica(tmp_path, state, topic_id, sender)
+        smaller = shrink_to(partition, next(b for b in state.isr if b != state.leader))
+        await until("refusals", lambda: sender.requests >= 2)  # STALE_BROKER_EPOCH, again
+        assert partition.pending_isr == smaller and partition.isr == state.isr
+        epochs[state.leader] = registered
+        await until("the answer", lambda: partition.pending_isr is None)
+        assert partition.isr == smaller
         await sender.close()
 
     run(main, tmp_path)

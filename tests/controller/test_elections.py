@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from controller import elections
 from controller import records as rec
 from controller.image import MetadataDelta, MetadataImage, PartitionState
-from controller.outcome import DecisionError
+from controller.outcome import DecisionError, Outcome
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as pb
 
@@ -253,22 +254,19 @@ def test_a_controlled_shutdown_moves_leadership_to_another_isr_member() -> None:
 # -- AlterPartition ----------------------------------------------------------------------------
 
 
-def alter(
+def change(
     image: MetadataImage,
     isr: Sequence[int],
     *,
-    leader: int = 1,
     partition_id: int = 0,
     epochs: Mapping[int, int] | None = None,
     **fields: int,
-) -> cpb.AlterPartitionRequest:
-    """An AlterPartition request from ``leader`` at the partition's current epochs (unless
-    ``fields`` say otherwise) with each member at its registered broker epoch."""
+) -> cpb.IsrChange:
+    """A change of one partition's ISR at its current epochs (unless ``fields`` say
+    otherwise), each member at its registered broker epoch."""
     p = part(image, partition_id)
     epochs = {**{b: epoch_of(b) for b in isr}, **(epochs or {})}
-    request = cpb.AlterPartitionRequest(
-        broker_id=leader,
-        broker_epoch=epoch_of(leader),
+    made = cpb.IsrChange(
         topic_id=ORDERS,
         partition_id=partition_id,
         leader_epoch=p.leader_epoch,
@@ -276,8 +274,30 @@ def alter(
         new_isr=[cpb.IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in isr],
     )
     for name, value in fields.items():
-        setattr(request, name, value)
-    return request
+        setattr(made, name, value)
+    return made
+
+
+def alter(
+    image: MetadataImage,
+    isr: Sequence[int],
+    *,
+    leader: int = 1,
+    broker_epoch: int | None = None,
+    **fields: Any,
+) -> cpb.AlterPartitionRequest:
+    """An AlterPartition request from ``leader`` with one change (see ``change``)."""
+    return cpb.AlterPartitionRequest(
+        broker_id=leader,
+        broker_epoch=epoch_of(leader) if broker_epoch is None else broker_epoch,
+        changes=[change(image, isr, **fields)],
+    )
+
+
+def committed(outcome: Outcome[cpb.AlterPartitionResponse]) -> pb.PartitionRecord:
+    (result,) = outcome.response.results
+    assert result.error == cpb.NONE, result.message
+    return result.partition
 
 
 def test_an_isr_only_change_keeps_the_leader_epoch() -> None:
@@ -292,10 +312,10 @@ def test_alter_partition_answers_the_partition_as_committed() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [1], 1)})
     outcome = elections.alter_partition(image, alter(image, [1, 3]))
     p = part(replay(image, outcome.records), 0)
-    committed = rec.partition(
+    expected = rec.partition(
         ORDERS, 0, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch
     )
-    assert outcome.response.partition == committed.partition
+    assert committed(outcome) == expected.partition
     assert p.isr == (1, 3)
 
 
@@ -304,32 +324,75 @@ def test_an_unchanged_isr_writes_nothing() -> None:
     for isr in ([1, 2], [2, 1]):
         outcome = elections.alter_partition(image, alter(image, isr))
         assert outcome.records == ()
-        assert list(outcome.response.partition.isr) == [1, 2]
-        assert outcome.response.partition.partition_epoch == 0
+        assert list(committed(outcome).isr) == [1, 2]
+        assert committed(outcome).partition_epoch == 0
+
+
+def test_one_request_changes_many_partitions_and_answers_each() -> None:
+    """Changes are judged one by one: a refused change writes nothing and holds up none of
+    the others; a partition named twice is refused the second time."""
+    image = cluster(
+        partitions={p: ([1, 2, 3], [1, 2, 3] if p % 2 else [1], 1) for p in range(4)},
+        fenced=[3],
+    )
+    request = cpb.AlterPartitionRequest(
+        broker_id=1,
+        broker_epoch=epoch_of(1),
+        changes=[
+            change(image, [1, 2], partition_id=0),  # expand
+            change(image, [1, 3], partition_id=2),  # expand with a fenced broker
+            change(image, [1], partition_id=1),  # shrink
+            change(image, [1, 2], partition_id=3),  # shrink
+            change(image, [1, 3], partition_id=1),  # partition 1 again
+        ],
+    )
+    outcome = elections.alter_partition(image, request)
+    results = outcome.response.results
+    assert [r.error for r in results] == [
+        cpb.NONE,
+        cpb.INELIGIBLE_REPLICA,
+        cpb.NONE,
+        cpb.NONE,
+        cpb.INVALID_REQUEST,
+    ]
+    assert "named twice" in results[4].message and "is fenced" in results[1].message
+    assert [(p, list(c.isr.ids)) for p, c in changes(outcome.records).items()] == [
+        (0, [1, 2]),
+        (1, [1]),
+        (3, [1, 2]),
+    ]
+    after = replay(image, outcome.records)
+    assert [part(after, p).isr for p in range(4)] == [(1, 2), (1,), (1,), (1, 2)]
+    assert [list(results[i].partition.isr) for i in (0, 2, 3)] == [[1, 2], [1], [1, 2]]
 
 
 def refused(image: MetadataImage, request: cpb.AlterPartitionRequest) -> int:
-    with pytest.raises(DecisionError) as e:
-        elections.alter_partition(image, request)
-    assert e.value.message
-    return e.value.code
+    """The error the request's only change was refused with (nothing written)."""
+    outcome = elections.alter_partition(image, request)
+    (result,) = outcome.response.results
+    assert outcome.records == () and result.error != cpb.NONE and result.message
+    return result.error
 
 
 def test_alter_partition_refuses_an_unknown_partition() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
     request = alter(image, [1])
-    request.partition_id = 5
+    request.changes[0].partition_id = 5
     assert refused(image, request) == cpb.UNKNOWN_TOPIC_OR_PARTITION
     request = alter(image, [1])
-    request.topic_id = UNKNOWN
+    request.changes[0].topic_id = UNKNOWN
     assert refused(image, request) == cpb.UNKNOWN_TOPIC_OR_PARTITION
 
 
-def test_alter_partition_refuses_a_stale_broker_epoch() -> None:
+def test_alter_partition_refuses_a_stale_broker_epoch_as_a_whole() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
-    assert refused(image, alter(image, [1, 2], broker_epoch=epoch_of(1) - 1)) == (
-        cpb.STALE_BROKER_EPOCH
-    )
+    for request in (
+        alter(image, [1, 2], broker_epoch=epoch_of(1) - 1),
+        alter(image, [1, 2], leader=9),
+    ):
+        with pytest.raises(DecisionError) as e:
+            elections.alter_partition(image, request)
+        assert e.value.code == cpb.STALE_BROKER_EPOCH and e.value.message
 
 
 def test_alter_partition_refuses_a_broker_that_is_not_the_leader() -> None:

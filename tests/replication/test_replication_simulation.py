@@ -271,28 +271,33 @@ class _Pair:
         epochs = {b: brokers[b].broker_epoch for b in new_isr}
         if stale == "member" and new_isr:
             epochs[new_isr[-1]] -= 1
-        request = cpb.AlterPartitionRequest(
-            broker_id=requester,
-            broker_epoch=brokers[requester].broker_epoch - (stale == "broker"),
+        change = cpb.IsrChange(
             topic_id=TOPIC_ID,
             partition_id=pid,
             leader_epoch=p.leader_epoch - (stale == "leader_epoch"),
             partition_epoch=p.partition_epoch - (stale == "partition_epoch"),
             new_isr=[cpb.IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in new_isr],
         )
+        request = cpb.AlterPartitionRequest(
+            broker_id=requester,
+            broker_epoch=brokers[requester].broker_epoch - (stale == "broker"),
+            changes=[change],
+        )
         try:
             outcome = elections.alter_partition(self.image, request)
-            self.image = _replay(self.image, outcome.records)
-            expected = ""
-        except DecisionError as e:
+        except DecisionError as e:  # the request as a whole
             expected = cpb.ErrorCode.Name(e.code)
-        members = tuple((m.broker_id, m.broker_epoch) for m in request.new_isr)
+        else:
+            self.image = _replay(self.image, outcome.records)
+            (result,) = outcome.response.results
+            expected = "" if result.error == cpb.NONE else cpb.ErrorCode.Name(result.error)
+        members = tuple((m.broker_id, m.broker_epoch) for m in change.new_isr)
         model_request = AlterReq(
             pid,
             requester,
             request.broker_epoch,
-            request.leader_epoch,
-            request.partition_epoch,
+            change.leader_epoch,
+            change.partition_epoch,
             members,
             1,
         )
