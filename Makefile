@@ -46,6 +46,7 @@ bench: install
 	$(PY) -m bench.codec
 	$(PY) -m bench.produce_consume
 	$(PY) -m bench.idle_partitions
+	$(PY) -m bench.isr_rejoin
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis
