@@ -31,6 +31,9 @@ class BrokerSettings:
     broker_id: int
     cluster_id: str
     listener_name: str  # Metadata answers with every broker's address on this listener
+    # Where followers dial their leaders (Kafka's inter.broker.listener.name); None: the
+    # client listener (``listener_name`` of the client listener's context).
+    inter_broker_listener_name: str | None = None
     auto_create_topics_enable: bool = False
     fetch_max_bytes: int = 57_671_680
     fetch_max_wait_ms: int = 30_000

@@ -10,13 +10,19 @@ are answered), then the follower fetchers, then the logs, cleanly (a clean-shutd
 skips recovery next time). Log retention and compaction run in the background every
 ``log_maintenance_interval_ms``.
 
+Listeners: the client listener, and any other Kafka listeners the node names (an
+inter-broker one, Kafka's ``inter.broker.listener.name``), each a ``Server`` with its own
+dispatcher; they share everything but the listener's name, which Metadata answers with
+(every broker's address on the listener asked).
+
 Replication: the replica manager tells the ``ReplicaFetcherManager`` which partitions follow
-which leader (each leader's Kafka listener, named like this broker's, is in the image), and
-leaders send their ISR proposals through the ``AlterPartitionSender``. Two periodic duties
-run: the ISR shrink check every half ``replica_lag_time_max_ms`` on the event loop, and the
-high-watermark checkpoint every ``replica_high_watermark_checkpoint_interval_ms`` in a worker
-thread (a few small files, fsynced; after a crash a follower's log is never truncated to it,
-only where consumers may read comes from it).
+which leader (each leader's address on the inter-broker listener, by default the client
+listener, is in the image), and leaders send their ISR proposals through the
+``AlterPartitionSender``. Two periodic duties run: the ISR shrink check every half
+``replica_lag_time_max_ms`` on the event loop, and the high-watermark checkpoint every
+``replica_high_watermark_checkpoint_interval_ms`` in a worker thread (a few small files,
+fsynced; after a crash a follower's log is never truncated to it, only where consumers may
+read comes from it).
 
 A data directory that fails (an I/O error takes it offline, see ``storage/log_manager.py``)
 stops the broker, as Kafka's KRaft brokers halt on a log directory failure unless the
@@ -31,8 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from broker.alter_partition import AlterPartitionSender
@@ -78,6 +85,7 @@ class KafkaBroker:
         controller: ControllerClient,
         broker_epoch: Callable[[], int],
         fetch_max_waiting: int,
+        other_listeners: Sequence[tuple[str, str, int]] = (),  # (name, host, port)
     ) -> None:
         self.settings = settings
         self.machine = machine
@@ -127,6 +135,21 @@ class KafkaBroker:
             config=server_config,
             listener=settings.listener_name,
         )
+        self.servers = {settings.listener_name: self.server}
+        self.dispatchers = {settings.listener_name: self.dispatcher}
+        for name, other_host, other_port in other_listeners:
+            context = dataclasses.replace(
+                self.context, settings=dataclasses.replace(settings, listener_name=name)
+            )
+            context.fetch_sessions = self.context.fetch_sessions  # one cache, as in Kafka
+            self.dispatchers[name] = KafkaDispatcher(context)
+            self.servers[name] = Server(
+                self.dispatchers[name],
+                host=other_host,
+                port=other_port,
+                config=server_config,
+                listener=name,
+            )
         self._image = MetadataImage.EMPTY
         self._apply_scheduled = False
         self._stop = asyncio.Event()
@@ -188,8 +211,9 @@ class KafkaBroker:
                 name="unserved-retry",
             ),
         ]
-        await self.server.start()
-        _log.info("kafka listener %s on port %d", self.settings.listener_name, self.server.port)
+        for name, server in self.servers.items():
+            await server.start()
+            _log.info("kafka listener %s on port %d", name, server.port)
         if not compiled_framing():
             _log.warning(
                 "storage._framing is not built: produce checks record framing in Python "
@@ -228,12 +252,14 @@ class KafkaBroker:
             asyncio.get_running_loop().call_soon(self._retry_unserved)
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
-        """A leader's Kafka listener (the one named like this broker's), from the image."""
+        """A leader's inter-broker listener (by default the client listener), from the
+        image."""
         registration = self._image.brokers.get(broker_id)
         if registration is None:
             return None
+        name = self.settings.inter_broker_listener_name or self.settings.listener_name
         for endpoint in registration.listeners:
-            if endpoint.name == self.settings.listener_name:
+            if endpoint.name == name:
                 return endpoint.host, endpoint.port
         return None
 
@@ -255,7 +281,8 @@ class KafkaBroker:
                     await asyncio.to_thread(self.logs.checkpoint, data_dir)
 
     async def stop(self) -> None:
-        await self.server.close()
+        for server in self.servers.values():
+            await server.close()
         self.purgatory.cancel_all()
         self.replica_purgatory.cancel_all()
         for duty in self._duties:

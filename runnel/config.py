@@ -65,6 +65,7 @@ from storage.config import LogConfig
 
 __all__ = [
     "NOT_CONFIG_ENV",
+    "REPLICATION_LISTENER",
     "SECTIONS",
     "BrokerConfig",
     "ConfigError",
@@ -211,6 +212,9 @@ class NodeConfig:
     advertised_listeners: tuple[Listener, ...] = ()  # what clients dial, by listener name
     controller_listener_name: str = "CONTROLLER"
     client_listener_name: str = "CLIENT"  # where a broker serves Kafka clients
+    # Where followers fetch from leaders, over the Kafka protocol (Kafka's
+    # inter.broker.listener.name); unset: the client listener.
+    inter_broker_listener_name: str | None = None
     # What Metadata and DescribeCluster report; unset: derived from controller_quorum_voters,
     # so every node of one cluster reports the same id without being told.
     cluster_id: str | None = None
@@ -290,6 +294,9 @@ class NodeConfig:
         source = self.origins.get(key) or ("" if key in REQUIRED else "default")
         return Problem(key, source, message)
 
+
+# A broker-only node's gRPC listener: the metadata log (as an observer) and replica reads.
+REPLICATION_LISTENER = "REPLICATION"
 
 REQUIRED = frozenset(
     f.name for f in fields(NodeConfig) if f.default is MISSING and f.default_factory is MISSING
@@ -380,6 +387,23 @@ def _role_findings(c: NodeConfig) -> Iterator[Finding]:
     if c.process_roles == {Role.BROKER} and c.listener(name) is not None:
         message = f"a broker-only node must not listen on the controller listener {name}"
         yield _finding(message, "listeners", "controller_listener_name")
+    yield from _inter_broker_findings(c)
+
+
+def _inter_broker_findings(c: NodeConfig) -> Iterator[Finding]:
+    inter, key = c.inter_broker_listener_name, "inter_broker_listener_name"
+    if inter is None or Role.BROKER not in c.process_roles:
+        return
+    known = ", ".join(item.name for item in c.listeners) or "none"
+    if inter in (c.controller_listener_name, REPLICATION_LISTENER):
+        message = (
+            f"{inter!r} serves gRPC (the metadata log, replica reads), not the Kafka protocol "
+            "followers fetch with; name a Kafka listener of its own"
+        )
+        yield _finding(message, key)
+    elif c.listener(inter) is None:
+        message = f"{inter!r} is not among listeners ({known}); followers fetch from leaders on it"
+        yield _finding(message, key, "listeners")
 
 
 def _voter_findings(c: NodeConfig) -> Iterator[Finding]:

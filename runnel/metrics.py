@@ -11,6 +11,7 @@ partitions; a large cluster would want it cached per offset).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -107,21 +108,35 @@ def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily
     kafka = node.kafka
     if kafka is None:
         return
-    server, labels = kafka.server, ["node_id"]
-    for name, doc, value in (
-        ("connections_open", "Client connections open now", server.connections_open),
-        ("connections_accepted", "Client connections accepted so far", server.connections_accepted),
-        ("requests_received", "Kafka requests received so far", server.requests_received),
-        ("bytes_received", "Bytes read from clients so far", server.bytes_received),
-        ("bytes_sent", "Bytes sent to clients so far (sendfile included)", server.bytes_sent),
-        ("fetches_waiting", "Fetches parked for data now", kafka.purgatory.waiting),
-    ):
+    servers, labels = list(kafka.servers.values()), ["node_id"]
+    for name, doc, attribute in (
+        ("connections_open", "Client connections open now", "connections_open"),
+        ("connections_accepted", "Client connections accepted so far", "connections_accepted"),
+        ("requests_received", "Kafka requests received so far", "requests_received"),
+        ("bytes_received", "Bytes read from clients so far", "bytes_received"),
+        ("bytes_sent", "Bytes sent to clients so far (sendfile included)", "bytes_sent"),
+    ):  # every Kafka listener's together
+        value = sum(getattr(server, attribute) for server in servers)
         yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
+    yield _gauge(
+        "runnel_kafka_fetches_waiting", "Fetches parked for data now", labels, node_id,
+        kafka.purgatory.waiting,
+    )  # fmt: skip
+    by_listener = GaugeMetricFamily(
+        "runnel_kafka_requests_by_listener", "Kafka requests received so far, by listener",
+        labels=[*labels, "listener"],
+    )  # fmt: skip
+    for listener, server in kafka.servers.items():
+        by_listener.add_metric([node_id, listener], float(server.requests_received))
+    yield by_listener
     by_api = GaugeMetricFamily(
         "runnel_kafka_requests_by_api", "Kafka requests served so far, by API key",
         labels=[*labels, "api_key"],
     )  # fmt: skip
-    for api_key, count in sorted(kafka.dispatcher.requests_by_api.items()):
+    counts: Counter[int] = Counter()
+    for dispatcher in kafka.dispatchers.values():
+        counts.update(dispatcher.requests_by_api)
+    for api_key, count in sorted(counts.items()):
         by_api.add_metric([node_id, str(api_key)], float(count))
     yield by_api
     try:

@@ -46,7 +46,7 @@ from raft.driver import RaftNode, RaftNodeConfig
 from raft.log_store import METADATA_LOG_DIR
 from raft.transport import GrpcTransport
 from runnel.commands import EXIT_OK, EXIT_PROBLEM, CommandError, Subparsers, set_handler
-from runnel.config import ConfigError, NodeConfig, Role, load_config
+from runnel.config import REPLICATION_LISTENER, ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
 from storage.errors import StorageError
 from storage.log_manager import LogManager
@@ -54,7 +54,6 @@ from storage.log_manager import LogManager
 __all__ = ["RunnelNode", "register"]
 
 _log = logging.getLogger(__name__)
-REPLICATION_LISTENER = "REPLICATION"
 SHUTDOWN_TIMEOUT_S = 30.0
 UNFENCE_TIMEOUT_S = 120.0  # beyond a previous incarnation's session timeout, with room
 NEVER = 2**62
@@ -125,10 +124,13 @@ class RunnelNode:
         if listener is None:  # the config's own checks make this unreachable
             raise CommandError(f"node {config.node_id} has no {config.client_listener_name}")
         b = config.broker
+        inter = config.inter_broker_listener_name
+        others = [] if inter is None or inter == listener.name else [config.listener(inter)]
         settings = BrokerSettings(
             broker_id=config.node_id,
             cluster_id=config.effective_cluster_id(),
             listener_name=listener.name,
+            inter_broker_listener_name=inter,
             auto_create_topics_enable=b.auto_create_topics_enable,
             fetch_max_bytes=b.fetch_max_bytes,
             fetch_max_wait_ms=b.fetch_max_wait_ms,
@@ -161,6 +163,7 @@ class RunnelNode:
             client,
             lambda: lifecycle.broker_epoch,
             b.fetch_max_waiting,
+            other_listeners=[(o.name, o.host, o.port) for o in others if o is not None],
         )
 
     def _advertised_listeners(self) -> list[mpb.Listener]:

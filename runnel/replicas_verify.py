@@ -38,6 +38,7 @@ import grpc.aio
 
 from proto import replica_pb2 as rpb
 from proto import replica_pb2_grpc
+from runnel.config import REPLICATION_LISTENER
 from runnel.replica_compare import BatchMeta, Divergence, compare_batches, comparison_range
 
 __all__ = [
@@ -55,7 +56,6 @@ RPC_TIMEOUT_S = 30.0  # one ReadBatches call
 # minimum reconnect backoff as that connection timeout, so this option shortens it.
 CONNECT_TIMEOUT_MS = 5_000
 CONTROLLER_LISTENER = "CONTROLLER"
-REPLICATION_LISTENER = "REPLICATION"
 ReadCall = grpc.aio.UnaryStreamMultiCallable[rpb.ReadBatchesRequest, rpb.ReadBatchesChunk]
 _SILENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 

@@ -111,7 +111,8 @@ def test_the_example_file_sets_every_key() -> None:
     document = tomllib.loads(EXAMPLE.read_text())
     for section, keys in schema().items():
         table = document.get(section, {}) if section else document
-        missing = set(keys) - set(table) - {"rack", "cluster_id"}  # shown commented out
+        commented = {"rack", "cluster_id", "inter_broker_listener_name"}  # shown commented out
+        missing = set(keys) - set(table) - commented
         assert not missing, f"config/example.toml lacks {section or 'top-level'} keys {missing}"
 
 
@@ -427,6 +428,24 @@ CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
             "listeners",
             "broker-only node must not listen on the controller listener CONTROLLER",
         ),
+        (
+            {"inter_broker_listener_name": "INTERNAL"},
+            "inter_broker_listener_name",
+            "'INTERNAL' is not among listeners (CLIENT, CONTROLLER); followers fetch",
+        ),
+        (
+            {"inter_broker_listener_name": "CONTROLLER"},
+            "inter_broker_listener_name",
+            "'CONTROLLER' serves gRPC",
+        ),
+        (
+            {
+                "listeners": [CLIENT, CONTROLLER, "REPLICATION://127.0.0.1:9094"],
+                "inter_broker_listener_name": "REPLICATION",
+            },
+            "inter_broker_listener_name",
+            "'REPLICATION' serves gRPC",
+        ),
     ],
 )
 def test_listener_role_and_voter_rules_name_the_key(
@@ -506,3 +525,14 @@ def test_a_config_built_in_code_is_checked_too() -> None:
             controller_quorum_voters="1@127.0.0.1:9093",
         )
     assert isinstance(caught.value, ValueError)  # callers that catch ValueError still do
+
+
+def test_an_inter_broker_listener_among_the_listeners_loads(tmp_path: Path) -> None:
+    internal = "INTERNAL://127.0.0.1:9095"
+    path = write(
+        tmp_path,
+        {"listeners": [CLIENT, CONTROLLER, internal], "inter_broker_listener_name": "INTERNAL"},
+    )
+    config = load_config(path, {})
+    assert config.inter_broker_listener_name == "INTERNAL"
+    assert str(config.listener("INTERNAL")) == internal
