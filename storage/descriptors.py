@@ -10,7 +10,8 @@ descriptors of the process's soft limit would be left.
 Counting the open descriptors (``/proc/self/fd``) costs time in their number, so it is done
 only near the budget: the last count plus ``PER_NEW_LOG`` for each log opened since is an
 upper bound; below the ceiling nothing is counted. A refusal is remembered for
-``RECOUNT_S`` before counting again.
+``RECOUNT_S`` before counting again. The process's own limit is read again at each count,
+so a limit raised on the running process (``prlimit --nofile``) takes effect.
 """
 
 from __future__ import annotations
@@ -54,16 +55,22 @@ class DescriptorBudget:
         *,
         count: Callable[[], int | None] = open_descriptors,
         clock: Callable[[], float] = time.monotonic,
+        soft_limit: Callable[[], int | None] = _soft_limit,
     ) -> None:
-        self.limit = _soft_limit() if limit is None else limit
-        base = self.limit or 0
-        self.reserve = max(MIN_RESERVE, base // RESERVE_SHARE) if reserve is None else reserve
+        self._soft_limit = soft_limit if limit is None else None  # read again at each count
+        self._given_reserve = reserve
+        self._set_limit(soft_limit() if limit is None else limit)
         self.refusals = 0
         self._count = count
         self._clock = clock
         self._counted: int | None = None
         self._since = 0
         self._refused_at: float | None = None
+
+    def _set_limit(self, limit: int | None) -> None:
+        self.limit = limit
+        given = self._given_reserve
+        self.reserve = max(MIN_RESERVE, (limit or 0) // RESERVE_SHARE) if given is None else given
 
     def take(self, what: str) -> None:
         """Before ``what`` (a log) opens its files: OutOfFileDescriptorsError when that could
@@ -77,6 +84,12 @@ class DescriptorBudget:
         now = self._clock()
         if self._refused_at is not None and now - self._refused_at < RECOUNT_S:
             self._refuse(what, ceiling)
+        if self._soft_limit is not None:
+            limit = self._soft_limit()
+            self._set_limit(limit)
+            if limit is None:
+                return
+            ceiling = limit - self.reserve
         counted = self._count()
         if counted is None:  # nothing to count with: no budget
             self.limit = None

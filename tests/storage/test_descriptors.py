@@ -56,6 +56,26 @@ def test_the_budget_counts_only_near_its_ceiling_and_refuses_at_it() -> None:
     assert count.calls == calls + 1 and budget.refusals == 2
 
 
+def test_a_limit_raised_on_the_running_process_is_read_at_the_next_count() -> None:
+    """Its own limit (not one given) is read again whenever the budget counts, as after
+    ``prlimit --nofile`` on a running broker; the reserve follows it."""
+    count, now, limit = Counter(300), [0.0], [512]
+    budget = DescriptorBudget(count=count, clock=lambda: now[0], soft_limit=lambda: limit[0])
+    assert (budget.limit, budget.reserve) == (512, 256)
+    with pytest.raises(OutOfFileDescriptorsError, match=r"300 of 512 "):
+        budget.take("over the ceiling of 256")
+    limit[0] = 20_000
+    with pytest.raises(OutOfFileDescriptorsError):
+        budget.take("at once: the refusal is remembered for RECOUNT_S")
+    now[0] += RECOUNT_S
+    budget.take("after the raise")
+    assert (budget.limit, budget.reserve) == (20_000, 2_000) and budget.refusals == 2
+    given = DescriptorBudget(512, count=count, clock=lambda: now[0], soft_limit=lambda: 10**6)
+    with pytest.raises(OutOfFileDescriptorsError):
+        given.take("a given limit is kept")
+    assert given.limit == 512
+
+
 def test_nothing_to_count_with_means_no_budget() -> None:
     budget = DescriptorBudget(10, 5, count=lambda: None)
     budget.take("y")
