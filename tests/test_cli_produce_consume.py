@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from test_local_cluster import REPO, Cluster, free_base_port, wait_for
+from test_local_cluster import runnel as local_runnel
 
 from runnel.local_cluster import process_alive
 
@@ -79,15 +79,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
 
 
 def runnel(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runnel", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S + 30,
-    )
+    return local_runnel(*args, stdin=stdin, timeout_s=WAIT_S + 30)
 
 
 def ok(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -90,14 +90,22 @@ def free_base_port(nodes: int) -> int:
     raise AssertionError("no free block of ports")
 
 
-def runnel(*args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def runnel(
+    *args: str,
+    timeout_s: float = COMMAND_TIMEOUT_S,
+    stdin: str = "",
+    preexec_fn: Callable[[], object] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m runnel ARGS`` from the repository, ``stdin`` as its input."""
     return subprocess.run(
         [sys.executable, "-m", "runnel", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout_s,
+        preexec_fn=preexec_fn,
     )
 
 

@@ -9,13 +9,13 @@ import os
 import re
 import resource
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
-from test_local_cluster import REPO, Cluster, free_base_port, wait_for
+from test_local_cluster import Cluster, free_base_port, wait_for
+from test_local_cluster import runnel as local_runnel
 
 from runnel.local_cluster import process_alive
 
@@ -24,17 +24,12 @@ FILLER_PARTITIONS = 300  # one descriptor a log here: more than the 256 left for
 WAIT_S = 30.0
 
 
-def runnel(
-    *args: str, stdin: str = "", timeout_s: float = WAIT_S
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runnel", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s + 30,
+def runnel(*args: str, stdin: str = "", timeout_s: float = WAIT_S) -> CompletedProcess[str]:
+    """``python -m runnel`` under the low open-file limit (the nodes it starts inherit it)."""
+    return local_runnel(
+        *args,
+        stdin=stdin,
+        timeout_s=timeout_s + 30,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT)),
     )
 
