@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +43,7 @@ LOAD_EXTRA_S = 60.0
 
 def fetches_served(cluster: RunnelCluster, broker: int) -> int:
     """The broker's count of Fetch requests so far (its Prometheus endpoint)."""
-    port = cluster.spec.node(broker).ports[Port.METRICS]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    for line in text.splitlines():
+    for line in cluster.metrics_text(broker).splitlines():
         if line.startswith("runnel_kafka_requests_by_api{") and FETCH_KEY in line:
             return int(float(line.rsplit(" ", 1)[1]))
     return 0

@@ -24,14 +24,12 @@ import os
 import signal
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, git_state, work_dir
 from bench.kafka_load import Connection
 from bench.produce_consume_cluster import RunnelCluster, partition_states
-from runnel.local_cluster import Port
 
 START_TIMEOUT_S = 60.0
 TOPIC_TIMEOUT_S = 180.0
@@ -44,11 +42,8 @@ SURVIVOR, PAUSED = 101, 102
 
 def metric(cluster: RunnelCluster, broker: int, name: str) -> float:
     """A gauge from the broker's Prometheus endpoint (0 if absent)."""
-    port = cluster.spec.node(broker).ports[Port.METRICS]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
     prefix = f"runnel_kafka_{name}{{"
-    for line in text.splitlines():
+    for line in cluster.metrics_text(broker).splitlines():
         if line.startswith(prefix):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

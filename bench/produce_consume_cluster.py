@@ -14,6 +14,7 @@ the controller. ``stop`` kills every node (SIGTERM, then SIGKILL) and reaps them
 from __future__ import annotations
 
 import time
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -95,6 +96,12 @@ class RunnelCluster:
             return False
         finally:
             conn.close()
+
+    def metrics_text(self, broker_id: int) -> str:
+        """The broker's Prometheus endpoint, as text."""
+        port = self.spec.node(broker_id).ports[Port.METRICS]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            return str(answer.read().decode())
 
     def check_alive(self) -> None:
         died = self.supervisor.poll()  # restarts are off: only deaths
