@@ -30,7 +30,8 @@ controller knows which directory holds each replica (KIP-858, which runnel does 
 a broker that stayed up would keep leading partitions it can no longer serve, and the
 controller would never move them. ``on_fatal`` tells the node, which shuts down under control
 (the controller moves the leaderships to in-sync replicas at once) and exits with status 1.
-A directory that is offline at start-up refuses the start (``DataDirOffline``).
+A directory that is offline at start-up refuses the start (``DataDirOffline``), and so does
+running out of file descriptors while loading the logs (``CannotStart``, naming the limit).
 """
 
 from __future__ import annotations
@@ -59,17 +60,22 @@ from controller.client import ControllerClient
 from controller.image import MetadataImage
 from controller.state_machine import MetadataStateMachine
 from storage.config import LogConfig
+from storage.errors import OutOfFileDescriptorsError
 from storage.log_manager import LogManager
 from storage.records import compiled_framing
 from storage.topic_partition import TopicPartition
 
-__all__ = ["DataDirOffline", "KafkaBroker"]
+__all__ = ["CannotStart", "DataDirOffline", "KafkaBroker"]
 
 _log = logging.getLogger(__name__)
 LOG_MAINTENANCE_INTERVAL_MS = 30_000
 
 
-class DataDirOffline(Exception):
+class CannotStart(Exception):
+    """The broker cannot start (module doc); the message says why."""
+
+
+class DataDirOffline(CannotStart):
     """A data directory is offline: the broker must not serve (module doc)."""
 
 
@@ -183,7 +189,10 @@ class KafkaBroker:
                 loop.call_soon_threadsafe(self._dir_failed, data_dir, error)
 
         self.logs.on_dir_offline = dir_offline
-        await loop.run_in_executor(None, self.logs.startup)
+        try:
+            await loop.run_in_executor(None, self.logs.startup)
+        except OutOfFileDescriptorsError as e:
+            raise CannotStart(str(e)) from e
         self._logs_started = True
         if self.logs.offline_dirs:
             failed = "; ".join(f"{d}: {e}" for d, e in self.logs.offline_dirs.items())

@@ -36,7 +36,7 @@ from broker.context import BrokerSettings, ReplicationSettings
 from broker.fetch_session import SessionLimits
 from broker.lifecycle import BrokerLifecycle, BrokerState
 from broker.replica_read import ReplicaManagerSource, ReplicaReadService
-from broker.runtime import DataDirOffline, KafkaBroker
+from broker.runtime import CannotStart, KafkaBroker
 from controller.client import ControllerClient
 from controller.quorum import QuorumController
 from controller.service import ControllerService
@@ -248,7 +248,7 @@ async def serve(config: NodeConfig) -> int:
     if started:
         try:
             starting.result()
-        except DataDirOffline as e:
+        except CannotStart as e:
             fatal.append(str(e))
             started = False
     else:

@@ -47,6 +47,20 @@ LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 _log = logging.getLogger(__name__)
 
 
+def _descriptors_ran_out(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is EMFILE or ENFILE."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:  # (a context may loop)
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return any(
+        isinstance(e, OutOfFileDescriptorsError)
+        or (isinstance(e, OSError) and out_of_descriptors(e))
+        for e in chain
+    )
+
+
 class LogManager:
     """Owns every partition log on a node. See the module docstring."""
 
@@ -87,10 +101,19 @@ class LogManager:
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
+        """Load every log. A directory that fails to load is offline; running out of file
+        descriptors is not a failed disk: OutOfFileDescriptorsError, naming the limit."""
         for data_dir in self.data_dirs:
             try:
                 self._load_dir(data_dir)
             except (OSError, StorageError) as e:
+                if _descriptors_ran_out(e):
+                    raise OutOfFileDescriptorsError(
+                        f"{data_dir}: ran out of file descriptors loading its logs "
+                        f"({len(self._logs)} logs loaded, limit {self.descriptors.limit}): {e}. "
+                        "Every segment keeps its file open; raise the open file limit "
+                        "(ulimit -n, LimitNOFILE= for systemd) and start again"
+                    ) from e
                 self._mark_offline(data_dir, e)
 
     def _load_dir(self, data_dir: Path) -> None:

@@ -138,3 +138,35 @@ def test_the_log_manager_refuses_a_log_over_budget_and_stays_online(tmp_path: Pa
         assert not manager.offline_dirs
     finally:
         manager.shutdown()
+
+
+def test_a_start_out_of_descriptors_names_the_limit_and_takes_no_directory_offline(
+    tmp_path: Path,
+) -> None:
+    """More logs on disk than descriptors: the start fails with the limit to raise, not
+    with a directory marked failed (nothing is wrong with the disk)."""
+    data = tmp_path / "data"
+    made = LogManager([data], LogConfig())
+    made.startup()
+    for p in range(40):
+        made.get_or_create_log(TopicPartition("t", p))
+    made.shutdown()
+    manager = LogManager([data], LogConfig(), descriptors=DescriptorBudget(limit=None))
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    try:
+        with (
+            soft_limit(lowest_free + 20),
+            pytest.raises(OutOfFileDescriptorsError, match=r"loading its logs .*ulimit -n"),
+        ):
+            manager.startup()
+        assert not manager.offline_dirs
+    finally:
+        for log in manager.logs().values():
+            log.abandon()
+    again = LogManager([data], LogConfig())
+    again.startup()  # with descriptors: every log loads
+    try:
+        assert len(again.logs()) == 40 and not again.offline_dirs
+    finally:
+        again.shutdown()
