@@ -209,7 +209,11 @@ class ReplicaFetcher:
         return [f for f in self.followed.values() if f.rest_until <= now]
 
     async def _idle(self) -> None:
-        """Nothing to fetch now: wait for a new partition or the end of the shortest rest."""
+        """Nothing to fetch now: wait for a new partition or the end of the shortest rest.
+        Following nothing from this leader any more, it lets the connection go (and with
+        it the fetch session), as Kafka shuts idle fetcher threads down."""
+        if not self.followed:
+            self._disconnect()
         self._wanted.clear()
         rests = [f.rest_until for f in self.followed.values()]
         timeout = max(0.0, min(rests) - time.monotonic()) if rests else None
