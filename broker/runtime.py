@@ -158,6 +158,7 @@ class KafkaBroker:
             )
         self._image = MetadataImage.EMPTY
         self._apply_scheduled = False
+        self._unreachable: set[tuple[int, str]] = set()  # (leader, listener) said missing
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
         self._duties: list[asyncio.Task[None]] = []
@@ -270,6 +271,16 @@ class KafkaBroker:
         for endpoint in registration.listeners:
             if endpoint.name == name:
                 return endpoint.host, endpoint.port
+        if (broker_id, name) not in self._unreachable:  # a misconfiguration: said once
+            self._unreachable.add((broker_id, name))
+            known = ", ".join(e.name for e in registration.listeners)
+            _log.error(
+                "broker %d registered no listener %s (%s), so its partitions cannot be "
+                "followed from here; give every broker the same inter_broker_listener_name",
+                broker_id,
+                name,
+                known,
+            )
         return None
 
     async def _every(self, interval_ms: int, duty: Callable[[], object]) -> None:

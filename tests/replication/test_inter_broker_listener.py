@@ -26,10 +26,10 @@ IDLE_S = 2.0  # followers long-poll every replica_fetch_wait_max_ms (500 ms) mea
 _BY_LISTENER = re.compile(r'^runnel_kafka_requests_by_listener\{listener="(\w+)".*\} (\S+)$', re.M)
 
 
-def add_internal_listener(spec: ClusterSpec) -> dict[int, int]:
-    """Each broker's config gains ``INTERNAL://127.0.0.1:<free port>`` and names it the
-    inter-broker listener; returns broker id -> that port."""
-    brokers = [n for n in spec.nodes() if n.role == "broker"]
+def add_internal_listener(spec: ClusterSpec, only: int | None = None) -> dict[int, int]:
+    """Each broker's config (or broker ``only``'s) gains ``INTERNAL://127.0.0.1:<free
+    port>`` and names it the inter-broker listener; returns broker id -> that port."""
+    brokers = [n for n in spec.nodes() if n.role == "broker" and only in (None, n.node_id)]
     ports = dict(zip((n.node_id for n in brokers), free_ports(len(brokers)), strict=True))
     for node in brokers:
         path = spec.config_path(node.node_id)
@@ -103,3 +103,37 @@ def test_followers_fetch_on_the_inter_broker_listener(
     assert {b.id: b.port for b in listed.values()} == ports
     final = rc.check_outcome(c, topic, len(views), [report])  # every replica agrees
     assert sum(len(records) for records in final.values()) == RECORDS
+
+
+@pytest.mark.slow
+def test_a_leader_without_the_inter_broker_listener_is_named_once(tmp_path: Path) -> None:
+    """A misconfiguration: only broker 101 names INTERNAL. Following the other leaders it
+    finds no INTERNAL listener to dial, and says so once per leader, naming the setting."""
+    alone = rc.BROKERS[0]
+    cluster = rc.start_cluster(
+        tmp_path / "cluster", before_up=lambda spec: add_internal_listener(spec, alone)
+    )
+    try:
+        views = cluster.create_topic("misconfigured", len(rc.BROKERS), min_insync=1)
+        others = {v.leader for v in views} - {alone}
+        assert others, views
+
+        def said() -> list[str] | None:
+            log = cluster.spec.log_path(alone).read_text().splitlines()
+            return [line for line in log if "registered no listener INTERNAL" in line] or None
+
+        rc.wait_for(
+            "broker 101 to name the leaders it cannot dial",
+            lambda: len(said() or []) >= len(others) or None,
+            30,
+        )
+        time.sleep(2)  # fetches go on failing meanwhile: still one line per leader
+        lines = said() or []
+        named = sorted(
+            int(m[1]) for line in lines if (m := re.search(r"broker (\d+) registered no", line))
+        )
+        assert named == sorted(others), lines
+        assert all("inter_broker_listener_name" in line for line in lines), lines
+    finally:
+        rc.stop_cluster(cluster)
+        print(cluster.story())
