@@ -47,6 +47,7 @@ log beneath has its own lock, so a later issue may move appends to a worker thre
 from __future__ import annotations
 
 import enum
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ __all__ = [
     "end_offset_with_pending_epoch",
     "is_stale",
 ]
+
+_log = logging.getLogger(__name__)
 
 # ListOffsets' special timestamps (Kafka's ListOffsetsRequest).
 LATEST_TIMESTAMP = -1
@@ -325,6 +328,7 @@ class Partition:
         if is_stale(self.state, new):
             return False
         if self.role is not Role.LEADER or new.leader_epoch != self.leader_epoch:
+            self._say_if_leading_without_committed_records()
             self.leader_epoch_start_offset = self.log.log_end_offset
             self._followers = IsrState.reset(new.leader, new.isr, new.replicas, now_ms)
             self._unexposed.clear()
@@ -338,6 +342,28 @@ class Partition:
         self._transition(Role.LEADER, new)
         self._after_isr_change()
         return True
+
+    def _say_if_leading_without_committed_records(self) -> None:
+        """A leader whose log lost committed records in an unclean shutdown (a power loss of
+        the last in-sync replica, the case Kafka's KIP-966 handles by electing another
+        replica): those records are gone for good, since the followers truncate to this
+        log. Said loudly, once; nothing else can be done here."""
+        log = self.log
+        lost = log.committed_end_before_crash
+        if lost is None:
+            return
+        if log.log_end_offset < lost:
+            _log.error(
+                "%r leads with log end %d, below the high watermark %d it had before an "
+                "unclean shutdown: committed records [%d, %d), acknowledged to acks=all "
+                "producers, are lost (no other in-sync replica had them)",
+                self,
+                log.log_end_offset,
+                lost,
+                log.log_end_offset,
+                lost,
+            )
+        log.committed_end_before_crash = None
 
     def make_follower(self, state: PartitionStateView) -> bool:
         """Follow the partition's leader (or wait for one: leader -1); False if stale. The log

@@ -117,6 +117,18 @@ def load_log(
         new_directory=new_directory,
     )
     log.reload_producer_state(recovered.producer_batches, recovered.suffix_start)
+    if not had_clean_shutdown and high_watermark is not None and high_watermark > log_end:
+        log.committed_end_before_crash = high_watermark
+        _log.warning(
+            "%s: recovered to offset %d, below the high watermark %d checkpointed before the "
+            "unclean shutdown: committed records [%d, %d) were lost with the page cache; they "
+            "come back from the leader if another in-sync replica has them",
+            directory,
+            log_end,
+            high_watermark,
+            log_end,
+            high_watermark,
+        )
     return log
 
 

@@ -168,6 +168,9 @@ class Log:
         # Unknown at load, so the first flush syncs the directory once.
         self._dir_dirty = True
         self._parent_dirty = new_directory
+        # Set by the loader: the high watermark checkpointed before an unclean shutdown when
+        # recovery ended the log below it (committed records lost with the page cache).
+        self.committed_end_before_crash: int | None = None
         self._check_offsets()
 
     # -- offsets ---------------------------------------------------------------------------

@@ -4,6 +4,8 @@ changed) by the leader, consumers and followers are told of new data."""
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -330,3 +332,55 @@ def test_an_out_of_sync_follower_is_never_quiet(tmp_path: Path) -> None:
 def test_an_empty_log_s_caught_up_follower_is_quiet_without_a_last_epoch(leader: Leader) -> None:
     leader.fetch(2, 0, epoch=-1)
     assert quiet(leader, 2, 0, last=-1)
+
+
+def crashed_below_its_high_watermark(directory: Path) -> Log:
+    """A log whose high watermark was 4 when the machine lost power, with only offsets 0-1
+    (the flushed first batch) surviving: the loader notes the committed records lost."""
+    log = load_log(directory, LogConfig(), clock=FakeClock())
+    log.append_as_leader(make_batch([b"a", b"b"]), 4)
+    log.flush()
+    flushed = (directory / f"{0:020d}.log").stat().st_size
+    log.append_as_leader(make_batch([b"c", b"d"]), 4)
+    log.update_high_watermark(4)
+    log.abandon()  # no clean shutdown
+    os.truncate(directory / f"{0:020d}.log", flushed)  # the page cache's part is gone
+    return load_log(directory, LogConfig(), recovery_point=2, high_watermark=4, clock=FakeClock())
+
+
+def test_a_leader_whose_crash_lost_committed_records_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last in-sync replica losing power (Kafka's KIP-966 case): leading with a log
+    that ends below its checkpointed high watermark loses those records for good."""
+    with caplog.at_level(logging.WARNING):
+        log = crashed_below_its_high_watermark(tmp_path / "t-0")
+    try:
+        assert log.log_end_offset == 2 and log.committed_end_before_crash == 4
+        assert any("committed records [2, 4) were lost" in m for m in caplog.messages)
+        caplog.clear()
+        made = Leader(log)
+        with caplog.at_level(logging.ERROR, logger="replication.partition"):
+            made.partition.make_leader(state(isr=(ME,)), now_ms=0)
+            made.partition.make_leader(state(isr=(ME,), leader_epoch=5), now_ms=0)
+        (said,) = caplog.messages
+        assert "committed records [2, 4)" in said and "are lost" in said
+    finally:
+        log.abandon()
+
+
+def test_a_replica_that_caught_up_before_leading_says_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = crashed_below_its_high_watermark(tmp_path / "t-0")
+    try:
+        made = Leader(log)
+        made.partition.make_follower(state(leader=2, leader_epoch=4))
+        again = make_batch([b"c", b"d"], base_offset=2, partition_leader_epoch=4)
+        made.partition.append_as_follower(again, 4, 0)  # fetched back from the leader
+        with caplog.at_level(logging.ERROR, logger="replication.partition"):
+            made.partition.make_leader(state(leader_epoch=5), now_ms=0)
+        said = [r.getMessage() for r in caplog.records if r.name == "replication.partition"]
+        assert said == [] and log.committed_end_before_crash is None
+    finally:
+        log.abandon()
