@@ -154,6 +154,9 @@ class SimConfig:
     # of crashes, the share that also lose the page cache, where that is allowed (see
     # Simulation._power_loss_allowed): every unflushed byte and file name may be lost
     power_loss_probability: float = 0.5
+    # the weight of controller failovers among the faults (the others weigh 1-3 each); 0, the
+    # default, leaves every seed's history as it was before failovers existed
+    controller_failover_weight: int = 0
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -175,6 +178,8 @@ class SimConfig:
             raise ValueError("session_timeout_ms must exceed two heartbeat intervals")
         if self.request_timeout_ms <= 2 * self.delay_max_ms:
             raise ValueError("request_timeout_ms must exceed a round trip")
+        if self.controller_failover_weight < 0:
+            raise ValueError("controller_failover_weight must be at least 0")
 
     @property
     def replicas_per_partition(self) -> int:
@@ -202,6 +207,7 @@ class SimResult:
     power_losses: int = 0
     pauses: int = 0
     network_partitions: int = 0
+    controller_failovers: int = 0
     leader_changes: int = 0
     isr_changes: int = 0
     truncations: int = 0
@@ -326,6 +332,14 @@ class ModelController:
         self._dirty = True
         self._commit()
         return epoch
+
+    def reset_sessions(self, now_ms: int) -> None:
+        """A newly active controller gives every unfenced broker a full session timeout
+        (sessions are the active controller's memory, not metadata: ``ControllerService
+        ._reset_sessions``)."""
+        for broker, reg in self.brokers.items():
+            if not reg.fenced:
+                self.last_heartbeat_ms[broker] = now_ms
 
     def expire_sessions(self, now_ms: int) -> list[int]:
         """Fence every unfenced broker whose last heartbeat is older than the session timeout,
@@ -664,6 +678,7 @@ class Simulation:
         self.slow: dict[int, tuple[int, int]] = {}  # broker -> (until, extra delay ms)
         self.lossy: set[int] = set()  # lost power, not yet back in every ISR
         self.partition_gen = 0
+        self.controller_down_until = 0  # a failover: no active controller until then
         self.healed = False
         self.producing = True
         self.done = False
@@ -893,6 +908,8 @@ class Simulation:
 
     # -- the controller --------------------------------------------------------------------
     def _on_controller_request(self, msg: Msg) -> None:
+        if self.now < self.controller_down_until:
+            return  # failing over: nobody answers
         ctl, before = self.controller, self.controller.version
         payload = msg.payload
         if isinstance(payload, HeartbeatReq):
@@ -910,6 +927,10 @@ class Simulation:
         self._reply(msg, answer)
 
     def _controller_tick(self) -> None:
+        if self.now < self.controller_down_until:  # failing over: no controller is active
+            self._push(self.now + self.config.controller_tick_ms, Tick("controller"))
+            return
+        self._controller_back()  # (if a later network cut took the failover's heal)
         before = self.controller.version
         fenced = self.controller.expire_sessions(self.now)
         if fenced:
@@ -1512,8 +1533,18 @@ class Simulation:
         if self.lossy:
             return  # quiet until the broker that lost power is back in sync
         kind = self.rng.choices(
-            ["crash", "pause", "slow", "split", "controller", "deaf", "leader", "one-way"],
-            weights=[3, 2, 2, 2, 2, 2, 2, 1],
+            [
+                "crash",
+                "pause",
+                "slow",
+                "split",
+                "controller",
+                "deaf",
+                "leader",
+                "one-way",
+                "failover",
+            ],
+            weights=[3, 2, 2, 2, 2, 2, 2, 1, self.config.controller_failover_weight],
         )[0]
         if kind in ("crash", "pause", "slow"):
             self._fault_on_broker(kind)
@@ -1586,6 +1617,8 @@ class Simulation:
             blocked = {(CONTROLLER, broker)}
             if kind == "controller":
                 blocked.add((broker, CONTROLLER))
+        elif kind == "failover":  # the active controller is lost; another takes over later
+            blocked = {(a, b) for a in nodes for b in nodes if CONTROLLER in (a, b) and a != b}
         elif kind == "leader":
             leader = self.controller.partitions[rng.randrange(self.config.partitions)].leader
             others = [b for b in brokers if b != leader]
@@ -1599,6 +1632,9 @@ class Simulation:
         self._note(f"network cut: {kind}", sorted(blocked))
         duration = rng.randint(self.config.partition_min_ms, self.config.partition_max_ms)
         self._push(self.now + duration, Heal(self.partition_gen))
+        if kind == "failover":
+            self.controller_down_until = self.now + duration
+            self.result.controller_failovers += 1
 
     def _running(self) -> list[SimBroker]:
         """Brokers up and not paused."""
@@ -1611,6 +1647,14 @@ class Simulation:
         if gen == self.partition_gen and self.blocked:
             self.blocked = set()
             self._note("network healed")
+            self._controller_back()
+
+    def _controller_back(self) -> None:
+        """After a failover the new active controller starts every session afresh."""
+        if self.controller_down_until and self.now >= self.controller_down_until:
+            self.controller_down_until = 0
+            self.controller.reset_sessions(self.now)
+            self._note("controller", "a new active controller: every session starts afresh")
 
     # -- the liveness phase ----------------------------------------------------------------
     def _start_liveness(self) -> None:
@@ -1618,6 +1662,8 @@ class Simulation:
         self.healed_at = self.now
         self.acked_at_heal = self.result.values_acked
         self.blocked = set()
+        self.controller_down_until = min(self.controller_down_until, self.now)
+        self._controller_back()
         self._note("liveness phase: faults healed")
         for broker in self.brokers.values():
             if not broker.up:

@@ -55,6 +55,9 @@ SHAPES = {
         SimConfig(brokers=5, partitions=3, replication_factor=3, min_insync_replicas=1),
         8,
     ),
+    # the active controller fails over too: no controller for a while, then every
+    # session starts afresh (a dead broker stays unfenced a full session timeout longer)
+    "failovers": (SimConfig(partitions=2, controller_failover_weight=3), 10),
 }
 
 
@@ -193,6 +196,8 @@ def test_the_configuration_is_checked() -> None:
         SimConfig(brokers=3, min_insync_replicas=4)
     with pytest.raises(ValueError, match="session_timeout_ms"):
         SimConfig(session_timeout_ms=300, heartbeat_interval_ms=200)
+    with pytest.raises(ValueError, match="controller_failover_weight"):
+        SimConfig(controller_failover_weight=-1)
 
 
 # -- the model controller against the real one ---------------------------------------------------
@@ -357,3 +362,13 @@ def test_the_model_controller_decides_as_the_real_one(
             members = [b for b in dict.fromkeys(proposed) if b != leader and b in p.replicas]
             pair.alter(pid, leader, [leader, *members], stale)
         pair.assert_same()
+
+
+def test_failovers_happen_and_give_every_session_a_fresh_timeout() -> None:
+    model = ModelController([PState((1, 2, 3), (1, 2, 3), 1, 0, 0)], [1, 2, 3], SESSION_MS)
+    model.reset_sessions(5 * SESSION_MS)  # a new active controller; then nobody heartbeats
+    assert model.expire_sessions(6 * SESSION_MS) == []  # a full timeout from the failover
+    assert model.expire_sessions(6 * SESSION_MS + 1) == [1, 2, 3]
+    config = SHAPES["failovers"][0]
+    failovers = sum(run_seed(seed, config).controller_failovers for seed in range(3))
+    assert failovers > 0
