@@ -41,7 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -78,7 +81,6 @@ class _Proposal:
     partition: Partition
     isr: tuple[int, ...]
     change: cpb.IsrChange
-    not_before_s: float = 0.0  # loop time: after a refusal or no answer, ``retry_backoff_ms``
 
     @property
     def pending(self) -> bool:
@@ -107,7 +109,13 @@ class AlterPartitionSender:
         self.sent = 0  # proposals
         self.requests = 0
         self.refused = 0  # answers that did not commit a change (each change counted)
-        self._pending: dict[PartitionKey, _Proposal] = {}
+        self._pending: dict[PartitionKey, _Proposal] = {}  # the latest per partition
+        # Where each pending proposal waits: to be sent, or until its backoff ends (a heap
+        # by time). A proposal superseded or ended meanwhile is dropped when it comes up,
+        # so a request costs its own proposals, not a walk over every pending one.
+        self._ready: deque[_Proposal] = deque()
+        self._backing_off: list[tuple[float, int, _Proposal]] = []
+        self._order = itertools.count()
         self._resting: dict[PartitionKey, int] = {}  # until when (ms), after a failure
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -126,7 +134,8 @@ class AlterPartitionSender:
             partition_epoch=partition.partition_epoch,
             new_isr=members,
         )
-        self._pending[key] = _Proposal(partition, isr, change)  # replaces an ended one
+        proposal = self._pending[key] = _Proposal(partition, isr, change)  # replaces an ended one
+        self._ready.append(proposal)
         self.sent += 1
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="alter-partition")
@@ -150,16 +159,18 @@ class AlterPartitionSender:
         loop = asyncio.get_running_loop()
         while True:
             now_s = loop.time()
+            while self._backing_off and self._backing_off[0][0] <= now_s:
+                self._ready.append(heapq.heappop(self._backing_off)[2])
             due: list[_Proposal] = []
-            next_s: float | None = None
-            for key, proposal in list(self._pending.items()):
+            while self._ready and len(due) < MAX_CHANGES_PER_REQUEST:
+                proposal = self._ready.popleft()
+                key = proposal.partition.key
+                if self._pending.get(key) is not proposal:
+                    continue  # answered, or superseded by a newer proposal
                 if not proposal.pending:
                     del self._pending[key]  # ended by the image (or a newer answer)
-                elif proposal.not_before_s > now_s:
-                    wake_s = proposal.not_before_s
-                    next_s = wake_s if next_s is None else min(next_s, wake_s)
-                elif len(due) < MAX_CHANGES_PER_REQUEST:
-                    due.append(proposal)
+                    continue
+                due.append(proposal)
             if due:
                 try:
                     await self._send(due)
@@ -168,7 +179,9 @@ class AlterPartitionSender:
                     self._again(due, repr(e))
                 continue
             self._wake.clear()
-            timeout_s = None if next_s is None else max(0.0, next_s - now_s)
+            timeout_s = None
+            if self._backing_off:
+                timeout_s = max(0.0, self._backing_off[0][0] - now_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout_s)
 
@@ -224,7 +237,7 @@ class AlterPartitionSender:
         backoff, while the partition still waits for it."""
         not_before_s = asyncio.get_running_loop().time() + self.retry_backoff_ms / 1000
         for proposal in proposals:
-            proposal.not_before_s = not_before_s
+            heapq.heappush(self._backing_off, (not_before_s, next(self._order), proposal))
         first = proposals[0]
         _log.info(
             "%r%s: ISR change to %s pending (%s); asking again",
