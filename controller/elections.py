@@ -159,6 +159,10 @@ def unfence_broker(
 
 # -- AlterPartition ----------------------------------------------------------------------------
 
+# One request's changes become one metadata batch; brokers send at most 1,000
+# (broker/alter_partition.py).
+MAX_ISR_CHANGES_PER_REQUEST = 10_000
+
 
 def alter_partition(
     image: MetadataImage, request: cpb.AlterPartitionRequest
@@ -168,6 +172,12 @@ def alter_partition(
     refused (that change writes nothing; the others go on). Each change is judged against
     ``image``; a partition named twice is refused the second time. A requester that is not
     the current registration of its broker is refused as a whole (DecisionError)."""
+    if len(request.changes) > MAX_ISR_CHANGES_PER_REQUEST:
+        raise DecisionError(
+            cpb.INVALID_REQUEST,
+            f"{len(request.changes)} ISR changes in one request; at most "
+            f"{MAX_ISR_CHANGES_PER_REQUEST}",
+        )
     reg = image.brokers.get(request.broker_id)
     if reg is None or reg.broker_epoch != request.broker_epoch:
         held = "not registered" if reg is None else f"registered at epoch {reg.broker_epoch}"

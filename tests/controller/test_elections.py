@@ -395,6 +395,15 @@ def test_alter_partition_refuses_a_stale_broker_epoch_as_a_whole() -> None:
         assert e.value.code == cpb.STALE_BROKER_EPOCH and e.value.message
 
 
+def test_alter_partition_refuses_too_many_changes_as_a_whole() -> None:
+    image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
+    request = alter(image, [1, 2])
+    request.changes.extend([request.changes[0]] * elections.MAX_ISR_CHANGES_PER_REQUEST)
+    with pytest.raises(DecisionError) as e:
+        elections.alter_partition(image, request)
+    assert e.value.code == cpb.INVALID_REQUEST and "at most 10000" in e.value.message
+
+
 def test_alter_partition_refuses_a_broker_that_is_not_the_leader() -> None:
     image = cluster(partitions={0: ([1, 2, 3], [1, 2, 3], 1)})
     assert refused(image, alter(image, [1, 2], leader=2)) == cpb.FENCED_LEADER_EPOCH
