@@ -10,7 +10,9 @@ that flush, see ``Log._sync``):
 - a later segment's file may be gone altogether (created after the last directory fsync),
   and so may every file of a log never flushed (recovery point 0); names are lost as a
   suffix (directory changes reach the disk in order, as the ext4 and XFS journals commit
-  them), so a file never survives without the files created before it;
+  them), so a file never survives without the files created before it; with
+  ``ordered_names=False`` each such name is lost on its own instead (a file system that
+  does not order them), leaving gaps between surviving segments;
 - every kept segment is cut at a random byte at or above its durable part, and the cut may
   be followed by zeros up to the old size (the file's size reached the disk, its data did
   not): torn batches, garbage tails and whole lost batches.
@@ -32,7 +34,9 @@ VANISH_PROBABILITY = 0.25
 ZEROS_PROBABILITY = 0.5
 
 
-def lose_page_cache(directory: Path, recovery_point: int, rng: random.Random) -> list[str]:
+def lose_page_cache(
+    directory: Path, recovery_point: int, rng: random.Random, *, ordered_names: bool = True
+) -> list[str]:
     """Apply a power loss to the log in ``directory`` (closed, not flushed); returns what
     happened to each segment file that changed, for the trace."""
     paths = sorted(directory.glob(f"*{LOG_SUFFIX}"))
@@ -44,7 +48,7 @@ def lose_page_cache(directory: Path, recovery_point: int, rng: random.Random) ->
             continue  # wholly below the recovery point: fsynced
         named = base <= recovery_point and recovery_point > 0  # 0: never flushed
         if vanishing or (not named and rng.random() < VANISH_PROBABILITY):
-            vanishing = True
+            vanishing = ordered_names
             for sibling in directory.glob(f"{path.name[: -len(LOG_SUFFIX)]}.*"):
                 sibling.unlink()
             changes.append(f"{base}: gone")
