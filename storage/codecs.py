@@ -104,6 +104,15 @@ def decompress(codec: CompressionType, data: _Buffer, max_bytes: int) -> bytes:
     return out
 
 
+def records_section(codec: CompressionType, data: _Buffer, max_bytes: int) -> _Buffer:
+    """``decompress``, except that an uncompressed section is returned as it is (no copy):
+    for readers that only walk it, such as the leader's framing check."""
+    if codec is CompressionType.NONE:
+        _check_budget(codec, len(data), max_bytes)
+        return data
+    return decompress(codec, data, max_bytes)
+
+
 def _check_budget(codec: CompressionType, size: int, max_bytes: int) -> None:
     if size > max_bytes:
         raise CorruptRecordError(

@@ -270,19 +270,10 @@ def check_record_framing(
     (``storage._framing``) when that module is built, ``walk_record_lengths`` otherwise.
     Raises CorruptRecordError."""
     section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size_bytes]
-    codec = header.compression
-    if codec is CompressionType.NONE:  # the common case: walk the batch's own bytes
-        data: _Buffer = section
-        if len(section) > max_uncompressed_bytes:
-            raise CorruptRecordError(
-                f"batch at offset {header.base_offset}: its records section exceeds "
-                f"{max_uncompressed_bytes} bytes"
-            )
-    else:
-        try:
-            data = codecs.decompress(codec, section, max_uncompressed_bytes)
-        except CorruptRecordError as e:
-            raise CorruptRecordError(f"batch at offset {header.base_offset}: {e}") from e
+    try:
+        data = codecs.records_section(header.compression, section, max_uncompressed_bytes)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"batch at offset {header.base_offset}: {e}") from e
     if _compiled_record_count is not None and _compiled_record_count(data) == header.record_count:
         return
     try:  # the reference walk: the fallback, and the precise message of a failure
