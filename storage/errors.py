@@ -83,9 +83,19 @@ class OutOfFileDescriptorsError(StorageError):
     retriable = True
 
 
-def out_of_descriptors(error: OSError) -> bool:
-    """Whether ``error`` says the process or the system ran out of file descriptors."""
-    return error.errno in (errno.EMFILE, errno.ENFILE)
+def out_of_descriptors(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, says the process or the system ran
+    out of file descriptors (EMFILE, ENFILE, or ``OutOfFileDescriptorsError``)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in seen:
+        if isinstance(current, OutOfFileDescriptorsError) or (
+            isinstance(current, OSError) and current.errno in (errno.EMFILE, errno.ENFILE)
+        ):
+            return True
+        seen.append(current)
+        current = current.__cause__
+    return False
 
 
 class CorruptSnapshotError(StorageError):

@@ -47,20 +47,6 @@ LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 _log = logging.getLogger(__name__)
 
 
-def _descriptors_ran_out(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from, is EMFILE or ENFILE."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:  # (a context may loop)
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return any(
-        isinstance(e, OutOfFileDescriptorsError)
-        or (isinstance(e, OSError) and out_of_descriptors(e))
-        for e in chain
-    )
-
-
 class LogManager:
     """Owns every partition log on a node. See the module docstring."""
 
@@ -107,7 +93,7 @@ class LogManager:
             try:
                 self._load_dir(data_dir)
             except (OSError, StorageError) as e:
-                if _descriptors_ran_out(e):
+                if out_of_descriptors(e):
                     raise OutOfFileDescriptorsError(
                         f"{data_dir}: ran out of file descriptors loading its logs "
                         f"({len(self._logs)} logs loaded, limit {self.descriptors.limit}): {e}. "
