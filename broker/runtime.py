@@ -133,29 +133,27 @@ class KafkaBroker:
             controller,
             lambda: self._image,
         )
-        self.dispatcher = KafkaDispatcher(self.context)
-        self.server = Server(
-            self.dispatcher,
-            host=host,
-            port=port,
-            config=server_config,
-            listener=settings.listener_name,
-        )
-        self.servers = {settings.listener_name: self.server}
-        self.dispatchers = {settings.listener_name: self.dispatcher}
-        for name, other_host, other_port in other_listeners:
-            context = dataclasses.replace(
-                self.context, settings=dataclasses.replace(settings, listener_name=name)
-            )
-            context.fetch_sessions = self.context.fetch_sessions  # one cache, as in Kafka
+        self.dispatchers: dict[str, KafkaDispatcher] = {}  # by listener name
+        self.servers: dict[str, Server] = {}
+        for name, listener_host, listener_port in (
+            (settings.listener_name, host, port),
+            *other_listeners,
+        ):
+            context = self.context
+            if name != settings.listener_name:
+                context = dataclasses.replace(
+                    context, settings=dataclasses.replace(settings, listener_name=name)
+                )
+                context.fetch_sessions = self.context.fetch_sessions  # one cache, as in Kafka
             self.dispatchers[name] = KafkaDispatcher(context)
             self.servers[name] = Server(
                 self.dispatchers[name],
-                host=other_host,
-                port=other_port,
+                host=listener_host,
+                port=listener_port,
                 config=server_config,
                 listener=name,
             )
+        self.server = self.servers[settings.listener_name]  # the client listener
         self._image = MetadataImage.EMPTY
         self._apply_scheduled = False
         self._unreachable: set[tuple[int, str]] = set()  # (leader, listener) said missing

@@ -125,7 +125,7 @@ class RunnelNode:
             raise CommandError(f"node {config.node_id} has no {config.client_listener_name}")
         b = config.broker
         inter = config.inter_broker_listener_name
-        others = [] if inter is None or inter == listener.name else [config.listener(inter)]
+        internal = None if inter in (None, listener.name) else config.listener(inter)
         settings = BrokerSettings(
             broker_id=config.node_id,
             cluster_id=config.effective_cluster_id(),
@@ -163,7 +163,9 @@ class RunnelNode:
             client,
             lambda: lifecycle.broker_epoch,
             b.fetch_max_waiting,
-            other_listeners=[(o.name, o.host, o.port) for o in others if o is not None],
+            other_listeners=[]
+            if internal is None
+            else [(internal.name, internal.host, internal.port)],
         )
 
     def _advertised_listeners(self) -> list[mpb.Listener]:
