@@ -38,7 +38,8 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   holds, see ``_power_loss_allowed``), pause (SIGSTOP: the broker's events wait until it
   resumes; long pauses outlive its session), network partitions (a split, a broker cut
   from the controller, a leader cut from its followers, one-way links) that heal after a
-  while.
+  while, and controller failovers where configured (no active controller for a while, then
+  a fresh session for every unfenced broker, ``_controller_back``).
 - Clients: a producer sends acks=-1 appends of unique values (never retried, so each value
   may be in the log once at most) to the broker it believes leads; a value is acknowledged
   when its commit callback runs with None. A consumer reads below the HW of a broker that
@@ -933,7 +934,7 @@ class Simulation:
         if self.now < self.controller_down_until:  # failing over: no controller is active
             self._push(self.now + self.config.controller_tick_ms, Tick("controller"))
             return
-        self._controller_back()  # (if a later network cut took the failover's heal)
+        self._controller_back()
         before = self.controller.version
         fenced = self.controller.expire_sessions(self.now)
         if fenced:
@@ -1655,7 +1656,6 @@ class Simulation:
         if gen == self.partition_gen and self.blocked:
             self.blocked = set()
             self._note("network healed")
-            self._controller_back()
 
     def _controller_back(self) -> None:
         """After a failover the new active controller starts every session afresh."""
