@@ -107,9 +107,10 @@ def _plan(
     """What to read. Of a follower's incremental fetch, only partitions with news (or, with
     ``among``, only those among them): see ``_quiet_for``."""
     image = context.image()
-    if request.replica_id >= 0 and isinstance(session, IncrementalFetch):
-        keys = session.keys
-        session.skip_quiet(_quiet_for(context, request.replica_id), among)
+    if isinstance(session, IncrementalFetch):
+        keys = session.keys  # the whole session, quiet partitions included
+        if request.replica_id >= 0:
+            session.skip_quiet(_quiet_for(context, request.replica_id), among)
     else:
         keys = [key for key, _ in session.partitions]
     wanted = [
