@@ -1,8 +1,9 @@
-"""A fresh local cluster of 1 controller and 3 broker processes for replication fault tests,
-with short timeouts, and the helpers those tests need: signal a broker (SIGKILL, SIGSTOP,
-SIGCONT, SIGTERM) and start it again, read a partition's leader and ISR as Kafka clients see
-them, produce and consume with confluent-kafka, and read every replica's stored batches from
-disk to compare them.
+"""A fresh local cluster of 1 controller (or a quorum of them: ``with_controllers``) and 3
+broker processes for replication fault tests, with short timeouts, and the helpers those
+tests need: signal a node (SIGKILL, SIGSTOP, SIGCONT, SIGTERM) and start it again, find the
+active controller, read a partition's leader and ISR as Kafka clients see them, produce and
+consume with confluent-kafka, and read every replica's stored batches from disk to compare
+them.
 
 How the cluster runs with short timeouts without a code change: ``runnel cluster up`` keeps a
 node's ``node.toml`` once written ("edits survive a resume"), so the fixture writes the
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import os
 import re
 import signal
@@ -83,6 +85,7 @@ __all__ = [
     "wait_acks",
     "wait_for",
     "wait_new_leader",
+    "with_controllers",
     "with_settings",
 ]
 
@@ -503,18 +506,20 @@ class Cluster:
         """The broker's process id, None when it is not running."""
         return self.spec.running_pid(broker)
 
-    def _signal(self, broker: int, signum: signal.Signals) -> int:
-        pid = self.pid(broker)
-        assert pid is not None, f"broker {broker} is not running\n{self.story()}"
+    def _signal(self, node: int, signum: signal.Signals) -> int:
+        pid = self.pid(node)
+        assert pid is not None, f"{_role(node)} {node} is not running\n{self.story()}"
         os.kill(pid, signum)
-        self.note(f"{signum.name} broker {broker} (pid {pid})")
+        self.note(f"{signum.name} {_role(node)} {node} (pid {pid})")
         return pid
 
-    def kill(self, broker: int) -> None:
-        """kill -9, and wait until the process is gone."""
-        pid = self._signal(broker, signal.SIGKILL)
-        self.paused.discard(broker)
-        self._wait_gone(broker, pid, EXIT_WAIT_S)
+    def kill(self, *nodes: int) -> None:
+        """kill -9 each node (a broker or a controller), all before waiting, then wait until
+        every process is gone."""
+        pids = [self._signal(node, signal.SIGKILL) for node in nodes]
+        for node, pid in zip(nodes, pids, strict=True):
+            self.paused.discard(node)
+            self._wait_gone(node, pid, EXIT_WAIT_S)
 
     def terminate(self, broker: int) -> float:
         """SIGTERM (a controlled shutdown); waits until the process is gone and returns how
@@ -532,38 +537,39 @@ class Cluster:
         self._signal(broker, signal.SIGCONT)
         self.paused.discard(broker)
 
-    def _wait_gone(self, broker: int, pid: int, timeout_s: float) -> None:
+    def _wait_gone(self, node: int, pid: int, timeout_s: float) -> None:
         for child in self.children:
             if child.pid == pid:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout=timeout_s)
-        marker = str(self.spec.config_path(broker))
+        marker = str(self.spec.config_path(node))
         wait_for(
-            f"broker {broker} (pid {pid}) to exit",
+            f"{_role(node)} {node} (pid {pid}) to exit",
             lambda: True if not process_alive(pid, marker) else None,
             timeout_s,
             0.05,
         )
-        self.spec.pid_path(broker).unlink(missing_ok=True)
+        self.spec.pid_path(node).unlink(missing_ok=True)
 
     def exit_code(self, broker_pid: int) -> int | None:
         """The exit status of a process started here (None: not ours, or running)."""
         child = next((c for c in self.children if c.pid == broker_pid), None)
         return None if child is None else child.poll()
 
-    def start(self, broker: int) -> int:
-        """Start a stopped broker again, as the supervisor does; returns its pid."""
-        assert self.pid(broker) is None, f"broker {broker} runs already"
-        config = self.spec.config_path(broker)
+    def start(self, node: int) -> int:
+        """Start a stopped node (a broker or a controller) again, as the supervisor does;
+        returns its pid."""
+        assert self.pid(node) is None, f"{_role(node)} {node} runs already"
+        config = self.spec.config_path(node)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        with open(self.spec.log_path(broker), "ab") as log:
+        with open(self.spec.log_path(node), "ab") as log:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            log.write(f"--- {stamp} tests/replication starts node {broker}\n".encode())
+            log.write(f"--- {stamp} tests/replication starts node {node}\n".encode())
             log.flush()
             child = subprocess.Popen(
                 [sys.executable, "-m", "runnel", "node", "--config", str(config)],
-                cwd=self.spec.node_dir(broker),
+                cwd=self.spec.node_dir(node),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -571,9 +577,18 @@ class Cluster:
                 start_new_session=True,
             )
         self.children.append(child)
-        self.spec.pid_path(broker).write_text(f"{child.pid}\n")
-        self.note(f"started broker {broker} (pid {child.pid})")
+        self.spec.pid_path(node).write_text(f"{child.pid}\n")
+        self.note(f"started {_role(node)} {node} (pid {child.pid})")
         return child.pid
+
+    def active_controller(self) -> int | None:
+        """The active controller's id as ``runnel cluster status`` finds it; None if no
+        controller answers as active."""
+        done = runnel("cluster", "status", "--json", "--data-dir", str(self.spec.data_dir))
+        if done.returncode != 0:
+            return None
+        found = json.loads(done.stdout).get("controller_id")
+        return None if found is None else int(found)
 
     def all_pids(self) -> list[int]:
         pids = [read_pid(self.spec.pid_path(n.node_id)) for n in self.spec.nodes()]
@@ -865,6 +880,10 @@ class Cluster:
         return "\n".join([head, *notable[-40:], f"--- last {lines} lines:", *text[-lines:]])
 
 
+def _role(node: int) -> str:
+    return "broker" if node in BROKERS else "controller"
+
+
 def _brief(views: list[PartitionView]) -> str:
     return "; ".join(
         f"p{v.partition} leader {v.leader} isr {list(v.isr)}" + (f" {v.error}" if v.error else "")
@@ -960,6 +979,17 @@ def with_settings(**sections: dict[str, int]) -> Callable[[F], F]:
     return mark
 
 
+def with_controllers(count: int) -> Callable[[F], F]:
+    """A test decorator: the cluster of ``replication_cluster`` has ``count`` controllers
+    (a Raft quorum) instead of one; their ids are 1 to ``count``."""
+
+    def mark(test: F) -> F:
+        test.cluster_controllers = count  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
 def settings(overrides: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {
         section: {**OVERRIDES.get(section, {}), **overrides.get(section, {})}
@@ -979,11 +1009,13 @@ def start_cluster(
     data_dir: Path,
     overrides: dict[str, dict[str, int]] | None = None,
     before_up: Callable[[ClusterSpec], None] | None = None,
+    controllers: int = 1,
 ) -> Cluster:
-    """A new cluster of 1 controller and 3 brokers in ``data_dir``, healthy, with the
-    settings of ``OVERRIDES`` and then of ``overrides``; ``before_up`` runs once the nodes'
-    directories and configs exist, before any node starts."""
-    spec = ClusterSpec(1, len(BROKERS), data_dir.absolute(), free_base_port(1 + len(BROKERS)))
+    """A new cluster of ``controllers`` controllers and 3 brokers in ``data_dir``, healthy,
+    with the settings of ``OVERRIDES`` and then of ``overrides``; ``before_up`` runs once the
+    nodes' directories and configs exist, before any node starts."""
+    nodes = controllers + len(BROKERS)
+    spec = ClusterSpec(controllers, len(BROKERS), data_dir.absolute(), free_base_port(nodes))
     spec.save()
     spec.write_node_configs()
     if before_up is not None:
@@ -1028,7 +1060,8 @@ def replication_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     way out every process is killed, and each node's warnings and last lines are printed
     (pytest shows them when the test failed)."""
     overrides = getattr(request.function, "cluster_settings", None)
-    cluster = start_cluster(tmp_path / "cluster", overrides)
+    controllers = getattr(request.function, "cluster_controllers", 1)
+    cluster = start_cluster(tmp_path / "cluster", overrides, controllers=controllers)
     try:
         yield cluster
     finally:

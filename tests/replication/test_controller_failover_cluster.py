@@ -1,0 +1,137 @@
+"""Controller failover under replication load, on real processes: 3 controllers (a Raft
+quorum) and 3 brokers (``fault_cluster.py``), a topic with replication factor 3 and
+min.insync.replicas 2, a confluent-kafka producer writing unique values with acks=all and
+``retries`` 0, and a consumer tailing the topic.
+
+What a failover must not break: a new controller takes over the brokers' sessions (it gives
+each a full session timeout from its start, so a live broker is not fenced for the gap with no
+active controller), fences a broker that really went away, and elects a new leader from the
+ISR; no acknowledged record is lost, and the replicas agree at the end (``check_outcome``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import fault_cluster as rc
+import pytest
+
+replication_cluster = rc.replication_cluster
+Cluster = rc.Cluster
+
+PARTITIONS = 3
+CONTROLLERS = (1, 2, 3)
+ELECTION_S = 15.0  # a new active controller after the old one died (generous; ~2 s here)
+
+
+def wait_other_controller(c: Cluster, old: int) -> int:
+    """Until a controller other than ``old`` is active; returns its id."""
+    new = rc.wait_for(
+        f"a controller other than {old} to be active",
+        lambda: next((n for n in [c.active_controller()] if n not in (None, old)), None),
+        ELECTION_S,
+        0.5,
+    )
+    c.note(f"controller {new} is active")
+    return new
+
+
+@pytest.mark.slow
+@rc.with_controllers(3)
+@rc.with_settings(controller={"leader_imbalance_check_interval_s": 3600})
+def test_the_active_controller_and_a_leader_killed_together_lose_no_acknowledged_record(
+    replication_cluster: Cluster,
+) -> None:
+    """Round 1: the active controller and the leader of partition 0 die at the same moment
+    (one host going down). The new controller must fence the dead broker and move its
+    partitions. Round 2: the new active controller dies alone; every broker stays in every ISR
+    and the producer is acknowledged again at once."""
+    c, topic = replication_cluster, "controller-failover"
+    c.create_topic(topic, PARTITIONS)
+    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "failover", rc.ONCE)
+    with rc.Tail(c, topic, PARTITIONS) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before any fault")
+        controller = c.active_controller()
+        assert controller in CONTROLLERS, controller
+        victim = c.partition(topic, 0).leader
+        c.kill(controller, victim)
+        killed_at = time.monotonic()
+        new_controller = wait_other_controller(c, controller)
+        new_leader = rc.wait_new_leader(c, topic, 0, victim, c.session_s + ELECTION_S)
+        rc.wait_acks(c, load, killed_at, 0, 100, f"acks from new leader {new_leader}")
+        c.start(controller)
+        c.start(victim)
+        c.wait_full_isr(topic)
+        rc.wait_acks(c, load, time.monotonic(), 0, 100, "acks after both came back")
+
+        # Round 2: only the controller. The brokers heartbeat to whichever is active; the
+        # next one must not fence any of them for the time nobody answered.
+        views_before = c.partitions(topic, via=rc.BROKERS)
+        c.kill(new_controller)
+        second_kill = time.monotonic()
+        third = wait_other_controller(c, new_controller)
+        for p in range(PARTITIONS):
+            rc.wait_acks(
+                c, load, second_kill, p, 50, f"partition {p}: acks under controller {third}"
+            )
+        # Past a whole session timeout after the new controller took over: had it started
+        # from the old deadlines, a broker would have been fenced and an ISR shrunk by now.
+        time.sleep(c.session_s + 1)
+        views_after = c.partitions(topic, via=rc.BROKERS)
+        assert [(v.leader, v.isr) for v in views_after] == [
+            (v.leader, v.isr) for v in views_before
+        ], (views_before, views_after, c.story())
+        assert c.unfenced(rc.BROKERS[0]) == list(rc.BROKERS), c.story()
+        c.start(new_controller)
+    load.stop()
+    tail.stop()
+    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
+    assert load.unflushed == 0, load.report.summary()
+    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
+    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+
+
+@pytest.mark.slow
+@rc.with_controllers(3)
+@rc.with_settings(controller={"leader_imbalance_check_interval_s": 3600})
+def test_a_paused_controller_and_broker_resume_into_a_cluster_that_moved_on(
+    replication_cluster: Cluster,
+) -> None:
+    """The active controller and a broker are paused (SIGSTOP) together, longer than a
+    session timeout. The other leaders must get their ISR shrinks through the new
+    controller (their AlterPartition requests went to the paused one), the paused broker's
+    partition must move, and once both resume the old controller must follow the new one
+    and the broker rejoin every ISR, with nothing acknowledged lost."""
+    c, topic = replication_cluster, "controller-paused"
+    c.create_topic(topic, PARTITIONS)
+    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "paused", rc.ONCE)
+    with rc.Tail(c, topic, PARTITIONS) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before any fault")
+        controller = c.active_controller()
+        assert controller in CONTROLLERS, controller
+        broker = c.partition(topic, 1).leader
+        c.pause(controller)
+        c.pause(broker)
+        paused_at = time.monotonic()
+        new_controller = wait_other_controller(c, controller)
+        c.wait_partitions(
+            f"{broker} out of every ISR and leading nothing",
+            topic,
+            lambda v: all(p.leader not in (broker, -1) and broker not in p.isr for p in v),
+            c.session_s + c.lag_s + ELECTION_S,
+        )
+        for p in range(PARTITIONS):
+            rc.wait_acks(c, load, paused_at, p, 50, f"partition {p}: acks without {broker}")
+        c.resume(controller)
+        c.resume(broker)
+        c.wait_full_isr(topic)
+        # The resumed controller finds a newer epoch and follows; its pre-vote is refused
+        # by voters hearing from their leader, so it does not unseat the new controller.
+        assert c.active_controller() == new_controller, c.story()
+        rc.wait_acks(c, load, time.monotonic(), 1, 100, "acks after both resumed")
+    load.stop()
+    tail.stop()
+    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
+    assert load.unflushed == 0, load.report.summary()
+    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
+    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
