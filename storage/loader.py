@@ -8,7 +8,8 @@ Passes, in order:
      holding the recovery point: re-validate each batch (framing, CRC, increasing offsets),
      rebuild both indexes, cut the file at the first bad byte and delete all later segments.
      After a clean shutdown, only segments whose indexes are missing or fail a sanity check
-     are recovered.
+     are recovered. Recovered segments are fsynced, and the directory with them (their names
+     may never have been synced), before the recovery point moves to the log end.
   4. Check the segments against each other and against the checkpoints: a gap between
      segments of a non-compacted log, or a log start offset beyond the log end, means files
      were deleted behind the engine's back; that is reported (InconsistentLogError), never
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
+from storage.checkpoint import fsync_path
 from storage.config import LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InconsistentLogError
@@ -98,6 +100,9 @@ def load_log(
     if recovered.segments:
         for segment in recovered.segments:
             segment.flush()
+        # The recovery point moves to the log end: the segments' names, which the crashed
+        # process may never have synced, must be durable with their data (Log._sync).
+        fsync_path(directory)
         recovery_point = log_end
     hw = min(max(high_watermark if high_watermark is not None else start, start), log_end)
     producer_state = ProducerStateManager(

@@ -162,11 +162,13 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
         self.flush_count = 0  # fsync rounds done, for metrics and group-commit tests
-        # Whether a segment file was created (or the directory itself, in the data dir)
-        # since the directory was last fsynced. An fsync of a file does not make its name
-        # durable: without the directory's, a power loss can drop a flushed segment whole.
-        # Unknown at load, so the first flush syncs the directory once.
-        self._dir_dirty = True
+        # Segment files created (a serial) and how many of them the last completed fsync of
+        # the directory covered. An fsync of a file does not make its name durable: without
+        # the directory's, a power loss can drop a flushed segment whole. Unknown at load,
+        # so the first flush (or roll) syncs the directory once. ``_parent_dirty``: the log
+        # directory itself was created by this process and the data directory not synced.
+        self._names_created = 1
+        self._names_synced = 0
         self._parent_dirty = new_directory
         # Set by the loader: the high watermark checkpointed before an unclean shutdown when
         # recovery ended the log below it (committed records lost with the page cache).
@@ -412,7 +414,14 @@ class Log:
             self._bases.pop()
         else:
             old.on_become_inactive()
-            self._snapshot_producer_state()
+            covered = self._names_created
+            self._snapshot_producer_state()  # write_file_atomic fsyncs the directory too
+            self._names_synced = max(self._names_synced, covered)
+        # The older names must be durable before a newer one exists: a file system that does
+        # not commit directory changes in order could otherwise keep the new segment and lose
+        # an older one, and the log would reopen with offsets missing below its start or in
+        # its middle. The snapshot's fsync did it, unless the old segment was empty.
+        self._sync_names()
         segment = self._new_segment(self._log_end_offset, now_ms)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
@@ -425,7 +434,7 @@ class Log:
         self.producer_state.take_snapshot()
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
-        self._dir_dirty = True
+        self._names_created += 1
         return open_segment(self.dir, base_offset, self.config, now_ms, create=True)
 
     # -- reads -----------------------------------------------------------------------------
@@ -716,12 +725,21 @@ class Log:
         so that the recovery point never names data a power loss can take away."""
         for segment in segments:
             segment.flush()
-        if self._dir_dirty:
-            self._dir_dirty = False  # cleared first: a creation racing the fsync sets it again
-            fsync_path(self.dir)
+        self._sync_names()
         if self._parent_dirty:
             self._parent_dirty = False
             fsync_path(self.dir.parent)
+
+    def _sync_names(self) -> None:
+        """fsync the directory if a segment file was created since the last completed sync.
+        Runs on the writer (under the lock) and in the flush thread (outside it): the count
+        covered is taken before the fsync and recorded after it, so a roll racing a flush's
+        fsync syncs again rather than trusting one not finished (a race can only lower the
+        record, which costs one more fsync later)."""
+        covered = self._names_created
+        if covered > self._names_synced:
+            fsync_path(self.dir)
+            self._names_synced = max(self._names_synced, covered)
 
     def maybe_flush(self, now_ms: int) -> bool:
         """Periodic flush for ``flush_ms``; called by the LogManager's scheduler."""

@@ -7,12 +7,11 @@ that flush, see ``Log._sync``):
 
 - a segment that ends at or below the recovery point is kept whole;
 - the segment holding the recovery point keeps at least the bytes below it;
-- a later segment's file may be gone altogether (created after the last directory fsync),
-  and so may every file of a log never flushed (recovery point 0); names are lost as a
-  suffix (directory changes reach the disk in order, as the ext4 and XFS journals commit
-  them), so a file never survives without the files created before it; with
-  ``ordered_names=False`` each such name is lost on its own instead (a file system that
-  does not order them), leaving gaps between surviving segments;
+- the newest segment's file may be gone altogether when it was created after the last
+  directory fsync (above the recovery point, or in a log never flushed: recovery point 0).
+  An older one's name is durable: the log syncs its directory before a roll creates a
+  newer file (``Log._roll``), so whatever order the file system commits directory changes
+  in, a file never survives without the files created before it;
 - every kept segment is cut at a random byte at or above its durable part, and the cut may
   be followed by zeros up to the old size (the file's size reached the disk, its data did
   not): torn batches, garbage tails and whole lost batches.
@@ -34,21 +33,20 @@ VANISH_PROBABILITY = 0.25
 ZEROS_PROBABILITY = 0.5
 
 
-def lose_page_cache(
-    directory: Path, recovery_point: int, rng: random.Random, *, ordered_names: bool = True
-) -> list[str]:
+def lose_page_cache(directory: Path, recovery_point: int, rng: random.Random) -> list[str]:
     """Apply a power loss to the log in ``directory`` (closed, not flushed); returns what
     happened to each segment file that changed, for the trace."""
     paths = sorted(directory.glob(f"*{LOG_SUFFIX}"))
     bases = [int(p.name[: -len(LOG_SUFFIX)]) for p in paths]
-    changes, vanishing = [], False
+    changes = []
     for i, (path, base) in enumerate(zip(paths, bases, strict=True)):
         following = bases[i + 1] if i + 1 < len(bases) else None
         if following is not None and following <= recovery_point:
             continue  # wholly below the recovery point: fsynced
-        named = base <= recovery_point and recovery_point > 0  # 0: never flushed
-        if vanishing or (not named and rng.random() < VANISH_PROBABILITY):
-            vanishing = ordered_names
+        # A flush covering it synced its name (0: never flushed); so did the roll that
+        # created a later segment.
+        named = (base <= recovery_point and recovery_point > 0) or following is not None
+        if not named and rng.random() < VANISH_PROBABILITY:
             for sibling in directory.glob(f"{path.name[: -len(LOG_SUFFIX)]}.*"):
                 sibling.unlink()
             changes.append(f"{base}: gone")

@@ -155,9 +155,6 @@ class SimConfig:
     # of crashes, the share that also lose the page cache, where that is allowed (see
     # Simulation._power_loss_allowed): every unflushed byte and file name may be lost
     power_loss_probability: float = 0.5
-    # whether a power loss drops segment file names only as a suffix (journals that commit
-    # directory changes in order) or each on its own (power_loss.lose_page_cache)
-    power_loss_ordered_names: bool = True
     # the weight of controller failovers among the faults (the others weigh 1-3 each); 0, the
     # default, leaves every seed's history as it was before failovers existed
     controller_failover_weight: int = 0
@@ -1335,12 +1332,7 @@ class Simulation:
             self.lossy.add(broker.broker_id)
             for pid, recovery_point in flushed.items():
                 directory = broker.directory / f"{TOPIC}-{pid}"
-                changes = lose_page_cache(
-                    directory,
-                    recovery_point,
-                    self.rng,
-                    ordered_names=self.config.power_loss_ordered_names,
-                )
+                changes = lose_page_cache(directory, recovery_point, self.rng)
                 self._note(
                     f"b{broker.broker_id}", f"p{pid} lost power above {recovery_point}: {changes}"
                 )

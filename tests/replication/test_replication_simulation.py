@@ -162,9 +162,8 @@ POWER_LOSS = SimConfig(
     [
         SimConfig(power_loss_probability=1.0),
         POWER_LOSS,
-        SimConfig(power_loss_probability=1.0, power_loss_ordered_names=False),
     ],
-    ids=["3-brokers", "5-brokers", "names-in-any-order"],
+    ids=["3-brokers", "5-brokers"],
 )
 def test_power_losses_lose_unflushed_data_and_nothing_acknowledged(config: SimConfig) -> None:
     """Every crash that may lose the page cache does (replication/testing/power_loss.py):

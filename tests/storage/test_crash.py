@@ -619,14 +619,21 @@ def test_a_machine_crash_before_the_first_flush_may_take_every_segment(
     assert "a machine crash lost the log" in caplog.text
 
 
-def _fsynced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _fsynced_paths(
+    monkeypatch: pytest.MonkeyPatch, listings: list[tuple[str, list[int]]] | None = None
+) -> list[str]:
     """Record the path behind every os.fsync (the engine fdatasyncs segment data and fsyncs
-    directories and checkpoint files)."""
+    directories and checkpoint files); in ``listings``, each directory synced with the base
+    offsets of the segment files in it at that moment."""
     synced: list[str] = []
     real = os.fsync
 
     def spy(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append(path)
+        if listings is not None and os.path.isdir(path):
+            bases = sorted(int(p.name[:20]) for p in Path(path).glob("*.log"))
+            listings.append((path, bases))
         real(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
@@ -679,6 +686,57 @@ def test_a_flush_makes_new_segment_files_durable_by_syncing_their_directory(
         append_batches(reopened, 1)
         # after a restart the directory's state is unknown: synced once
         assert syncs_by(reopened.flush) == (1, 0)
+    finally:
+        reopened.abandon()
+
+
+def test_a_roll_makes_the_older_segment_names_durable_before_creating_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Otherwise a file system that commits directory changes out of order could keep a new
+    segment and lose an older one in a power loss, and the log would reopen with offsets
+    missing below its start or in its middle. A roll writes a producer snapshot, whose
+    fsync of the directory does it (``Log._roll`` counts on that)."""
+    directory = tmp_path / "topic-0"
+    log = load_log(directory, CONFIG, clock=FakeClock())
+    listings: list[tuple[str, list[int]]] = []
+    _fsynced_paths(monkeypatch, listings)
+
+    def syncs_by(step: Callable[[], object]) -> list[list[int]]:
+        """The log directory's fsyncs during ``step``, each with the segments it held (the
+        epoch checkpoint's writes sync it too, so appends stay out of this)."""
+        listings.clear()
+        step()
+        return [bases for path, bases in listings if path == str(directory)]
+
+    try:
+        append_batches(log, 1)
+        first = log.log_end_offset
+        assert syncs_by(log.roll) == [[0]]  # the producer snapshot's, before segment 1
+        append_batches(log, 1)
+        assert syncs_by(log.roll) == [[0, first]]
+        assert syncs_by(log.roll) == []  # the active segment is empty: no roll at all
+    finally:
+        log.abandon()
+
+
+def test_recovery_syncs_the_directory_before_moving_the_recovery_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed process may never have synced its newest segments' names; recovery fsyncs
+    their data and moves the recovery point to the log end, so it syncs the names too."""
+    directory = tmp_path / "topic-0"
+    log = load_log(directory, CONFIG, clock=FakeClock())
+    append_batches(log, 2)
+    log.roll()
+    append_batches(log, 2)
+    end = log.log_end_offset
+    log.abandon()
+    synced = _fsynced_paths(monkeypatch)
+    reopened = load_log(directory, CONFIG, had_clean_shutdown=False, clock=FakeClock())
+    try:
+        assert reopened.recovery_point == reopened.log_end_offset == end
+        assert str(directory) in synced
     finally:
         reopened.abandon()
 
