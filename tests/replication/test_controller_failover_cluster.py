@@ -1,12 +1,13 @@
-"""Controller failover under replication load, on real processes: 3 controllers (a Raft
-quorum) and 3 brokers (``fault_cluster.py``), a topic with replication factor 3 and
-min.insync.replicas 2, a confluent-kafka producer writing unique values with acks=all and
-``retries`` 0, and a consumer tailing the topic.
+"""Controller failover and a lost controller quorum under replication load, on real
+processes: 3 controllers (a Raft quorum) and 3 brokers (``fault_cluster.py``), a topic with
+replication factor 3 and min.insync.replicas 2, a confluent-kafka producer writing unique
+values with acks=all and ``retries`` 0, and a consumer tailing the topic.
 
 What a failover must not break: a new controller takes over the brokers' sessions (it gives
 each a full session timeout from its start, so a live broker is not fenced for the gap with no
 active controller), fences a broker that really went away, and elects a new leader from the
-ISR; no acknowledged record is lost, and the replicas agree at the end (``check_outcome``).
+ISR. Without a quorum nothing changes and the brokers serve on. In every test no
+acknowledged record is lost, and the replicas agree at the end (``check_outcome``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,54 @@ def test_a_paused_controller_and_broker_resume_into_a_cluster_that_moved_on(
         # by voters hearing from their leader, so it does not unseat the new controller.
         assert c.active_controller() == new_controller, c.story()
         rc.wait_acks(c, load, time.monotonic(), 1, 100, "acks after both resumed")
+    load.stop()
+    tail.stop()
+    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
+    assert load.unflushed == 0, load.report.summary()
+    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
+    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+
+
+@pytest.mark.slow
+@rc.with_controllers(3)
+@rc.with_settings(controller={"leader_imbalance_check_interval_s": 3600})
+def test_brokers_keep_serving_while_the_controller_quorum_is_lost(
+    replication_cluster: Cluster,
+) -> None:
+    """Two of three controllers die: no metadata can change, but brokers keep their
+    leaderships and ISRs and acknowledge acks=all writes. A broker that dies meanwhile cannot
+    be fenced and its followers' ISR shrinks cannot commit, so writes that need it wait (and
+    time out, retriably); once the quorum is back it is fenced, the ISRs shrink, and writes
+    go on; nothing acknowledged is lost."""
+    c, topic = replication_cluster, "quorum-lost"
+    c.create_topic(topic, PARTITIONS)
+    load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "quorum", rc.ONCE)
+    with rc.Tail(c, topic, PARTITIONS) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before any fault")
+        views_before = c.partitions(topic, via=rc.BROKERS)
+        active = c.active_controller()
+        dead = [active, next(n for n in CONTROLLERS if n != active)]
+        c.kill(*dead)
+        lost_at = time.monotonic()
+        # Longer than a session timeout: nobody may fence anybody.
+        time.sleep(c.session_s * 2)
+        assert c.active_controller() is None, c.story()
+        for p in range(PARTITIONS):
+            rc.wait_acks(c, load, lost_at, p, 100, f"partition {p}: acks without a quorum")
+        assert c.partitions(topic, via=rc.BROKERS) == views_before, c.story()
+        assert c.unfenced(rc.BROKERS[0]) == list(rc.BROKERS), c.story()
+
+        victim = c.partition(topic, 0).leader
+        c.kill(victim)
+        for controller in dead:
+            c.start(controller)
+        restored_at = time.monotonic()
+        rc.wait_new_leader(c, topic, 0, victim, c.session_s + ELECTION_S)
+        for p in range(PARTITIONS):
+            rc.wait_acks(c, load, restored_at, p, 50, f"partition {p}: acks after the quorum")
+        c.start(victim)
+        c.wait_full_isr(topic)
+        rc.wait_acks(c, load, time.monotonic(), 0, 100, "acks with every broker back")
     load.stop()
     tail.stop()
     c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
