@@ -37,6 +37,16 @@ cached high watermark is forgotten, so the partition is answered again once it c
 Answered partitions move to the end of the session's order, so a response's size limits
 do not starve the partitions after them (Kafka does the same).
 
+Watches (a follower's session only). ``IncrementalFetch.skip_quiet`` asks the handler, for
+each partition the session does not watch, whether it is quiet for the follower; a quiet one
+starts a ``_Watch``, which the partition holds (``replication.partition.QuietWatch``), and
+the session's later fetches skip it. The partition ends the watch (``disturbed``) when it
+changes; the session ends it when the partition is named anew or forgotten, when the session
+goes, and for all its partitions every ``QUIET_RECHECK_MS``. Until it ends, the watch says
+the follower fetched at the session's latest fetch (``last_fetch_ms``); after, at the last
+fetch it covered. A fetch parked by the handler hears of its session's watched partitions
+through ``IncrementalFetch.parked``.
+
 Bounds. At most ``max_sessions`` sessions (Kafka's max.incremental.fetch.session.cache.slots)
 holding at most ``max_partitions`` partitions in all. A session unused for ``expiry_ms`` is
 dropped. runnel's eviction rule, simpler than Kafka's: a full fetch that does not fit may
@@ -54,7 +64,7 @@ loop owns it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -68,6 +78,7 @@ __all__ = [
     "FINAL_EPOCH",
     "INITIAL_EPOCH",
     "NO_SESSION",
+    "QUIET_RECHECK_MS",
     "FetchContext",
     "FetchPosition",
     "FetchSessionCache",
@@ -93,6 +104,10 @@ MAX_ID_DRAWS = 64  # a random 31-bit id collides this often only if the generato
 DEFAULT_MAX_SESSIONS = 1000  # Kafka's max.incremental.fetch.session.cache.slots
 DEFAULT_MAX_PARTITIONS = 200_000
 DEFAULT_EXPIRY_MS = 120_000  # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS
+# A follower session looks at every partition afresh at least this often: what changes
+# without the partition's knowing (the log start, moved by retention in the maintenance
+# thread) reaches the follower within it.
+QUIET_RECHECK_MS = 1_000
 
 PartitionKey = tuple[str, int]  # (topic name, partition id)
 
@@ -181,6 +196,37 @@ class _Cached:
         )
 
 
+class _Watch:
+    """A follower session's watch of one partition it found quiet
+    (``replication.partition.QuietWatch``): the follower fetched it, at the leader's log
+    end, at every fetch of the session until the watch ends (the partition changed, or the
+    session named it anew, forgot it or went away)."""
+
+    __slots__ = ("ended_ms", "key", "session")
+
+    def __init__(self, session: _Session, key: PartitionKey) -> None:
+        self.session = session
+        self.key = key
+        self.ended_ms: int | None = None
+
+    @property
+    def last_fetch_ms(self) -> int:
+        return self.session.last_used_ms if self.ended_ms is None else self.ended_ms
+
+    def end(self) -> None:
+        """The session's fetches no longer cover the partition: they count up to now only."""
+        if self.ended_ms is None:
+            self.ended_ms = self.session.last_used_ms
+
+    def disturbed(self, appended_bytes: int, leadership: bool) -> None:
+        session = self.session
+        if session.quiet.get(self.key) is not self:
+            return  # ended, or replaced by a newer watch
+        del session.quiet[self.key]
+        if session.poke is not None and (appended_bytes > 0 or leadership):
+            session.poke(self.key, -1 if leadership else appended_bytes)
+
+
 @dataclass(slots=True)
 class _Session:
     id: int
@@ -188,6 +234,13 @@ class _Session:
     epoch: int  # the epoch the next incremental request must carry
     last_used_ms: int
     partitions: dict[PartitionKey, _Cached] = field(default_factory=dict)
+    # A follower's session: the partitions it watches as quiet, skipped by its fetches
+    # (``IncrementalFetch.skip_quiet``), and since when none was looked at afresh.
+    quiet: dict[PartitionKey, _Watch] = field(default_factory=dict)
+    quiet_since_ms: int = 0
+    # While a fetch of the session is parked: feeds it as ``FetchPurgatory.notify`` would
+    # (bytes appended to a watched partition; -1: a leadership change).
+    poke: Callable[[PartitionKey, int], None] | None = None
 
     @property
     def privileged(self) -> bool:
@@ -196,16 +249,31 @@ class _Session:
     def update(
         self, named: dict[PartitionKey, FetchPosition], forgotten: Iterable[PartitionKey]
     ) -> None:
-        """Kafka's order: add or update what is named, then remove what is forgotten."""
-        partitions = self.partitions
+        """Kafka's order: add or update what is named, then remove what is forgotten. Named
+        or forgotten partitions are no longer watched (a new position is read afresh)."""
+        partitions, quiet = self.partitions, self.quiet
         for key, position in named.items():
             cached = partitions.get(key)
             if cached is None:
                 partitions[key] = _Cached(position)
             else:
                 cached.position = position
+            if quiet:
+                self.unwatch(key)
         for key in forgotten:
             partitions.pop(key, None)
+            if quiet:
+                self.unwatch(key)
+
+    def unwatch(self, key: PartitionKey) -> None:
+        watch = self.quiet.pop(key, None)
+        if watch is not None:
+            watch.end()
+
+    def unwatch_all(self) -> None:
+        for watch in self.quiet.values():
+            watch.end()
+        self.quiet.clear()
 
 
 class SessionError:
@@ -249,34 +317,53 @@ class FullFetch:
 
 class IncrementalFetch:
     """The next request of a session: every partition of the session is fetched, and only
-    those with news are answered."""
+    those with news are answered. A follower's skips the partitions its session watches as
+    quiet (``skip_quiet``)."""
 
     error_code = ErrorCode.NONE
 
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.epoch = session.epoch  # the session's epoch once this request is taken
-        self.keys = list(session.partitions)  # every partition: a long poll waits on all
+        self.keys = list(session.partitions)  # what a long poll waits on
         self.partitions = [(key, c.position) for key, c in session.partitions.items()]
+        self._poke: Callable[[PartitionKey, int], None] | None = None
 
-    def skip_quiet(
-        self,
-        quiet: Callable[[PartitionKey, _Cached], bool],
-        among: Container[PartitionKey] | None = None,
-    ) -> None:
-        """Read and answer only the partitions for which ``quiet`` (given each one's request
-        and what the client last heard) says False; a True must mean the partition has no
-        news and ``quiet`` did what reading it would have (a follower's position noted).
-        Each call starts again from the whole session; with ``among``, the partitions not in
-        it count as quiet without asking (a long poll's second look: they were just now)."""
-        cached = self.session.partitions
-        self.partitions = [
-            (key, c.position)
-            for key in self.keys
-            if (among is None or key in among)
-            and (c := cached.get(key)) is not None
-            and not quiet(key, c)
-        ]
+    def skip_quiet(self, quiet: Callable[[PartitionKey, _Cached, _Watch], bool]) -> None:
+        """Read, answer and wait on only the partitions the session does not watch and for
+        which ``quiet`` (given each one's request, what the client last heard, and a watch
+        to start) says False. A True must mean the partition has no news, ``quiet`` did
+        what reading it would have (a follower's position noted), and the partition holds
+        the watch, which tells when that ends (``replication.partition.QuietWatch``). Each
+        call starts again from the whole session."""
+        session = self.session
+        watched = session.quiet
+        chosen = []
+        for key, cached in session.partitions.items():
+            if key in watched:
+                continue
+            watch = _Watch(session, key)
+            if quiet(key, cached, watch):
+                watched[key] = watch
+            else:
+                chosen.append((key, cached.position))
+        self.partitions = chosen
+        self.keys = [key for key, _ in chosen]
+
+    @property
+    def watching(self) -> bool:
+        """Whether partitions of the session are watched: a long poll waits on them too."""
+        return bool(self.session.quiet)
+
+    def parked(self, poke: Callable[[PartitionKey, int], None] | None) -> None:
+        """While this fetch is parked, ``poke`` hears of the session's watched partitions
+        (``_Watch.disturbed``); None when it is no longer parked. A later fetch of the
+        session that parks takes over."""
+        session = self.session
+        if poke is not None:
+            self._poke = session.poke = poke
+        elif session.poke is self._poke:
+            session.poke = None
 
     def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
         invariant(len(news) == len(self.partitions), "one answer per partition")
@@ -365,6 +452,10 @@ class FetchSessionCache:
         session.epoch = next_epoch(session.epoch)
         session.last_used_ms = now_ms
         lane.sessions.move_to_end(session.id)
+        if session.quiet and now_ms - session.quiet_since_ms >= QUIET_RECHECK_MS:
+            session.unwatch_all()
+        if not session.quiet:
+            session.quiet_since_ms = now_ms
         return IncrementalFetch(session)
 
     def open(
@@ -430,6 +521,7 @@ class FetchSessionCache:
     def _remove(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
         if session is not None:
+            session.unwatch_all()
             lane = self._lanes[session.privileged]
             del lane.sessions[session_id]
             lane.partitions -= len(session.partitions)

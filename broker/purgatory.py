@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["DEFAULT_MAX_WAITERS", "FetchPurgatory", "WakeReason"]
 
@@ -68,6 +68,19 @@ class _Waiter:
         if not self.future.done():
             self.future.set_result(reason)
 
+    def feed(self, key: Key, bytes_appended: int) -> None:
+        """``bytes_appended`` became readable on ``key`` (-1: it changed leader)."""
+        if bytes_appended < 0:
+            self.wake(WakeReason.LEADERSHIP)
+            return
+        if bytes_appended == 0:
+            return
+        self.received += bytes_appended
+        if self.appended is not None:
+            self.appended.add(key)
+        if self.received >= self.min_bytes:
+            self.wake(WakeReason.BYTES)
+
 
 class FetchPurgatory:
     """Parked fetches by partition. See the module docstring."""
@@ -92,12 +105,15 @@ class FetchPurgatory:
         min_bytes: int,
         timeout_ms: int,
         appended: set[Key] | None = None,
+        poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
     ) -> WakeReason:
         """Return once ``min_bytes`` have become readable across ``keys`` since the call,
         or ``timeout_ms`` passed, or a partition changed leader, or shutdown began.
         ``min_bytes <= 0`` or ``timeout_ms <= 0`` return at once; no keys waits the timeout
         (an empty incremental fetch waits too). The keys that had bytes meanwhile are added
-        to ``appended``, if given."""
+        to ``appended``, if given. ``poke``, if given, is handed a function that feeds this
+        wait as ``notify`` does, for partitions not among ``keys`` (bytes -1: as ``wake``),
+        while it is parked, and None once it is not."""
         if min_bytes <= 0:
             return WakeReason.BYTES
         if timeout_ms <= 0:
@@ -111,11 +127,15 @@ class FetchPurgatory:
         waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes, appended)
         timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
         self._park(waiter)
+        if poke is not None:
+            poke(waiter.feed)
         try:
             return await waiter.future
         finally:
             timer.cancel()
             self._unpark(waiter)
+            if poke is not None:
+                poke(None)
 
     def notify(self, key: Key, bytes_appended: int) -> None:
         """``bytes_appended`` became readable on ``key``: wake the waiters that have enough.
@@ -124,11 +144,7 @@ class FetchPurgatory:
         if not waiters or bytes_appended <= 0:
             return
         for waiter in waiters:
-            waiter.received += bytes_appended
-            if waiter.appended is not None:
-                waiter.appended.add(key)
-            if waiter.received >= waiter.min_bytes:
-                waiter.wake(WakeReason.BYTES)
+            waiter.feed(key, bytes_appended)
 
     def wake(self, key: Key) -> None:
         """``key`` changed leader or was removed: its waiters answer now."""

@@ -120,6 +120,21 @@ IsrProposer = Callable[["Partition", tuple[int, ...]], bool]
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000  # Kafka's replica.lag.time.max.ms
 
 
+class QuietWatch(Protocol):
+    """A follower's fetch session watching a partition it found quiet for that follower
+    (``read_for_quiet_follower``): the session stops looking at the partition, and the
+    partition counts the follower as having fetched at its log end at every fetch of the
+    session (``last_fetch_ms``) until it changes; then it calls ``disturbed`` once and
+    forgets the watch. ``appended_bytes`` > 0: a leader append of that many bytes; 0: some
+    other change the follower must hear (the HW, leadership, the ISR); ``leadership``: the
+    partition changed leader or stopped, so a parked fetch should answer now."""
+
+    @property
+    def last_fetch_ms(self) -> int: ...
+
+    def disturbed(self, appended_bytes: int, leadership: bool) -> None: ...
+
+
 class PartitionStateView(Protocol):
     """What the replica reads of a metadata image's ``PartitionState`` (controller/image.py);
     a protocol, because replication does not import the controller."""
@@ -283,6 +298,9 @@ class Partition:
         self.on_log_append: list[AppendListener] = []  # a leader append: followers' polls
         self.propose_isr: IsrProposer | None = None
         self._followers: IsrState | None = None  # when leader
+        # Followers' sessions watching this partition as quiet for them, by replica id: the
+        # fetches they skip here are noted when it matters (``_note_quiet_fetches``).
+        self._quiet: dict[int, QuietWatch] = {}
         # acks=-1 appends waiting for the HW: (offset it must reach, callback), in order.
         self._waiting: deque[tuple[int, CommitCallback]] = deque()
         # Appended bytes not yet below the HW: (log end after the append, bytes), in order.
@@ -409,6 +427,10 @@ class Partition:
         invariant(
             role in _TRANSITIONS[self.role], f"{self}: illegal transition {self.role} -> {role}"
         )
+        leadership = role is not self.role or self.leader_epoch != (
+            NO_LEADER_EPOCH if state is None else state.leader_epoch
+        )
+        self._release_quiet(0, leadership=leadership)
         self.role = role
         self.state = state
 
@@ -442,6 +464,7 @@ class Partition:
             raise RecordListTooLarge(
                 f"a {size}-byte produce request exceeds the segment size {segment_bytes}"
             )
+        self._release_quiet(size)
         try:
             info = self.log.append_as_leader(data, self.leader_epoch)
         except StorageError as e:
@@ -484,6 +507,7 @@ class Partition:
             raise from_storage_error(e) from e
         if not moved:
             return False
+        self._release_quiet(0)  # the followers must hear the new HW
         hw, exposed, unexposed = log.high_watermark, 0, self._unexposed
         while unexposed and unexposed[0][0] <= hw:
             exposed += unexposed.popleft()[1]
@@ -549,6 +573,8 @@ class Partition:
         else the batches from ``fetch_offset`` to the log end. The fetch offset is the
         follower's log end: it may move the HW and let the follower join the ISR."""
         self._require_leader(current_leader_epoch)
+        if self._quiet:
+            self._quiet.pop(replica_id, None)  # read afresh: its session watches no more
         followers = self._followers
         if followers is None or replica_id not in followers.followers:
             raise NotLeaderOrFollower(
@@ -603,13 +629,16 @@ class Partition:
         last_fetched_epoch: int,
         current_leader_epoch: int,
         now_ms: int,
+        watch: QuietWatch | None = None,
     ) -> bool:
         """``read_for_follower`` of an ISR follower caught up at our log end, cheaply: True
         (the fetch noted, as that would) when this replica leads at ``current_leader_epoch``,
         the follower's last fetched epoch is our latest (or none, on an empty log) and its
         position is our log end and unchanged, so there is nothing to read, diverge on, or
         move (HW, ISR); False, with nothing done, otherwise. Most partitions of a follower's
-        incremental fetch are so."""
+        incremental fetch are so. With ``watch``, a True also starts the watch (replacing
+        the follower's previous one): its session may skip this partition until it is
+        ``disturbed``."""
         state, followers, log = self.state, self._followers, self.log
         if (
             self.role is not Role.LEADER
@@ -625,7 +654,33 @@ class Partition:
         if follower is None or follower.log_end_offset != fetch_offset:
             return False
         followers.follower_fetched(replica_id, fetch_offset, fetch_offset, now_ms)
+        if watch is not None:
+            self._quiet[replica_id] = watch
         return True
+
+    def _note_quiet_fetches(self) -> None:
+        """Note the fetches the watching sessions skipped: each was one at our log end,
+        unchanged since the watch began (any change ends it), so the follower was caught up
+        at its session's latest fetch."""
+        followers = self._followers
+        if followers is None:
+            return
+        log_end = self.log.log_end_offset
+        for replica_id, watch in self._quiet.items():
+            state = followers.followers.get(replica_id)
+            if state is not None and state.log_end_offset == log_end:
+                followers.follower_fetched(replica_id, log_end, log_end, watch.last_fetch_ms)
+
+    def _release_quiet(self, appended_bytes: int, *, leadership: bool = False) -> None:
+        """Something a follower must hear is about to change: note the watched fetches as
+        they stand, then end every watch (their sessions look at this partition again)."""
+        if not self._quiet:
+            return
+        self._note_quiet_fetches()
+        watches = list(self._quiet.values())
+        self._quiet.clear()
+        for watch in watches:
+            watch.disturbed(appended_bytes, leadership)
 
     def maybe_shrink_isr(self, now_ms: int) -> tuple[int, ...]:
         """Propose an ISR without the followers not caught up within
@@ -633,6 +688,8 @@ class Partition:
         followers = self._followers
         if followers is None or followers.pending is not None:
             return ()
+        if self._quiet:
+            self._note_quiet_fetches()
         late = followers.out_of_sync(now_ms, self.replica_lag_time_max_ms)
         if late and not self._propose_isr(tuple(r for r in self.isr if r not in late)):
             return ()

@@ -29,7 +29,7 @@ no transactions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,9 @@ from broker.fetch_session import (
 )
 from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
-from broker.purgatory import WakeReason
 from controller.image import MetadataImage
 from replication.errors import ReplicationError
-from replication.partition import Partition
+from replication.partition import Partition, QuietWatch
 from storage.segment import FileSlice
 
 __all__ = ["fetch"]
@@ -67,10 +66,11 @@ class _Wanted:
 @dataclass(slots=True)
 class _Plan:
     wanted: list[_Wanted]
-    keys: list[PartitionKey]  # what a long poll waits on: ``wanted``, and quiet partitions
+    keys: list[PartitionKey]  # what a long poll waits on, besides the session's watches
     max_bytes: int
     replica_id: int  # >= 0: a follower's fetch
     committed: bool
+    watching: bool  # a follower's session watches quiet partitions: a long poll waits on them
 
 
 def _session_request(request: Any) -> SessionRequest:
@@ -98,19 +98,16 @@ def _session_request(request: Any) -> SessionRequest:
     )
 
 
-def _plan(
-    context: BrokerContext,
-    request: Any,
-    session: FetchContext,
-    among: Container[PartitionKey] | None = None,
-) -> _Plan:
-    """What to read. Of a follower's incremental fetch, only partitions with news (or, with
-    ``among``, only those among them): see ``_quiet_for``."""
+def _plan(context: BrokerContext, request: Any, session: FetchContext) -> _Plan:
+    """What to read. Of a follower's incremental fetch, only partitions with news: see
+    ``_quiet_for``."""
     image = context.image()
+    watching = False
     if isinstance(session, IncrementalFetch):
-        keys = session.keys  # the whole session, quiet partitions included
         if request.replica_id >= 0:
-            session.skip_quiet(_quiet_for(context, request.replica_id), among)
+            session.skip_quiet(_quiet_for(context, request.replica_id))
+            watching = session.watching
+        keys = session.keys
     else:
         keys = [key for key, _ in session.partitions]
     wanted = [
@@ -119,18 +116,21 @@ def _plan(
     ]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    return _Plan(wanted, keys, max_bytes, request.replica_id, committed)
+    return _Plan(wanted, keys, max_bytes, request.replica_id, committed, watching)
 
 
-def _quiet_for(context: BrokerContext, replica_id: int) -> Callable[[PartitionKey, Any], bool]:
+def _quiet_for(
+    context: BrokerContext, replica_id: int
+) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
     """Whether a partition of a follower's incremental fetch has no news for it: the follower
     already heard its offsets and is caught up with nothing to move (noted as a read would;
-    ``Partition.read_for_quiet_follower``). Such partitions, usually most of a session, are
-    neither read nor answered: a third of the leader's CPU a read, an answer and a compare
-    took (``bench.idle_partitions``)."""
+    ``Partition.read_for_quiet_follower``). Such a partition, usually most of a session, is
+    neither read nor answered, and the session watches it: its next fetches skip it until
+    the partition changes (``broker.fetch_session``), so a fetch costs what changed, not
+    the whole session (``bench.idle_partitions``)."""
     get, now_ms = context.replicas.get, context.replicas.clock_ms()
 
-    def quiet(key: PartitionKey, heard: Any) -> bool:
+    def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
         replica = get(key[0], key[1])
         if replica is None:
             return False
@@ -145,6 +145,7 @@ def _quiet_for(context: BrokerContext, replica_id: int) -> Callable[[PartitionKe
                 last_fetched_epoch=position.last_fetched_epoch,
                 current_leader_epoch=position.current_leader_epoch,
                 now_ms=now_ms,
+                watch=watch,
             )
         )
 
@@ -247,7 +248,7 @@ def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     plan = _plan(context, request, session)
     answers, total, urgent = _read(plan, context.image(), clock_ms())
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
-    if total >= request.min_bytes or wait_ms <= 0 or urgent or not plan.keys:
+    if total >= request.min_bytes or wait_ms <= 0 or urgent or not (plan.keys or plan.watching):
         return _response(session, plan, answers, clock_ms())
     return _long_poll(context, request, session, plan, request.min_bytes - total, wait_ms)
 
@@ -263,15 +264,12 @@ async def _long_poll(
     purgatory = context.purgatory
     if plan.replica_id >= 0 and context.replicas.replica_purgatory is not None:
         purgatory = context.replicas.replica_purgatory
-    appended: set[PartitionKey] = set()
-    reason = await purgatory.wait(plan.keys, min_bytes, wait_ms, appended)
+    # The session's watched partitions wake the wait through the session, not by key.
+    poke = session.parked if plan.watching and isinstance(session, IncrementalFetch) else None
+    await purgatory.wait(plan.keys, min_bytes, wait_ms, poke=poke)
     # Look the replicas up again: one may have moved or gone while the request waited. Of
-    # the partitions found quiet before the wait, only those appended to meanwhile can have
-    # news (a leadership change wakes with LEADERSHIP: then every one is looked at again).
-    among = None
-    if reason is WakeReason.BYTES or reason is WakeReason.TIMEOUT:
-        among = appended.union(w.key for w in plan.wanted)
-    plan = _plan(context, request, session, among)
+    # the watched partitions, only those that changed meanwhile are looked at.
+    plan = _plan(context, request, session)
     clock_ms = context.replicas.clock_ms
     answers, _, _ = _read(plan, context.image(), clock_ms())
     return _response(session, plan, answers, clock_ms())

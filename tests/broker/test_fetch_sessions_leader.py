@@ -1,6 +1,8 @@
 """Follower fetch sessions on the leader, in one process: an incremental follower fetch naming
 nothing still reads from the session's positions, reports the follower's position (so an
-idle follower stays caught up and in the ISR), and answers only partitions with news.
+idle follower stays caught up and in the ISR), and answers only partitions with news. A
+partition found quiet is watched by the session and skipped by its later fetches until it
+changes; the fetches skipped still count for the ISR.
 
 The in-process leader of dispatch_leader.py with "orders" partitions 0 and 1, a settable
 clock, and ISR proposals recorded.
@@ -17,9 +19,11 @@ import pytest
 from dispatch_leader import FETCH_V, FOLLOWER, ME, TOPIC_ID, DispatchLeader, values
 from support import FakeClock
 
+import broker.fetch_session
 from broker.protocol import ApiKey, ErrorCode
 from controller import records as rec
 from controller.image import MetadataDelta
+from replication.partition import Partition
 
 LAG_MS = 30_000
 
@@ -145,5 +149,88 @@ def test_a_parked_incremental_fetch_answers_a_partition_that_moved_while_it_wait
         got = answers(await asyncio.wait_for(parked, 5))
         # its epoch is the old leader's: fenced first (Kafka's order), a refetch learns more
         assert list(got) == [1] and got[1].error_code == ErrorCode.FENCED_LEADER_EPOCH
+
+    asyncio.run(main())
+
+
+def _count_quiet_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The partition id of every ``Partition.read_for_quiet_follower`` call from now on."""
+    calls: list[int] = []
+    real = Partition.read_for_quiet_follower
+
+    def counted(self: Partition, *args: Any, **kwargs: Any) -> bool:
+        calls.append(self.partition_id)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Partition, "read_for_quiet_follower", counted)
+    return calls
+
+
+def test_a_follower_fetch_skips_the_partitions_its_session_watches(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found quiet once, a partition is not looked at again until it changes: a fetch costs
+    what changed, not the whole session."""
+    checks = _count_quiet_checks(monkeypatch)
+
+    async def main() -> None:
+        session = leader.fetch(0, 0, {0: 0, 1: 0}).session_id
+        assert answers(leader.fetch(session, 1, {})) == {}
+        assert sorted(checks) == [0, 1]
+        for epoch in range(2, 6):
+            leader.clock.advance(100)
+            assert answers(leader.fetch(session, epoch, {})) == {}
+        assert sorted(checks) == [0, 1], "watched partitions were looked at again"
+        leader.produce([b"z"], partition=0, acks=1)
+        got = answers(leader.fetch(session, 6, {}))
+        assert list(got) == [0] and values(got[0].records) == [b"z"]
+        assert sorted(checks) == [0, 0, 1]  # partition 0 changed; 1 is still watched
+
+    asyncio.run(main())
+
+
+def test_watched_partitions_keep_a_fetching_follower_in_the_isr_and_a_silent_one_leaves(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetches a watch skips are noted when the ISR is checked: as caught up at each
+    fetch of the session. A partition the session forgets no longer counts them."""
+    monkeypatch.setattr(broker.fetch_session, "QUIET_RECHECK_MS", 10**12)  # watches stay
+    checks = _count_quiet_checks(monkeypatch)
+
+    async def main() -> None:
+        session = leader.fetch(0, 0, {0: 0, 1: 0}).session_id
+        for epoch in range(1, 7):  # three lag times, a fetch naming nothing every half
+            leader.clock.advance(LAG_MS // 2)
+            forgotten = [1] if epoch == 3 else []
+            assert answers(leader.fetch(session, epoch, {}, forgotten=forgotten)) == {}
+            leader.replicas.shrink_isrs()
+        assert sorted(checks) == [0, 1], "the fetches were not skipped"
+        # Partition 1, forgotten at the third fetch, counts none after it; partition 0 all.
+        assert leader.proposals == [(("orders", 1), (ME,))]
+        leader.clock.advance(LAG_MS + 1)  # no fetch for a whole lag time
+        leader.replicas.shrink_isrs()
+        assert leader.proposals[1:] == [(("orders", 0), (ME,))]
+
+    asyncio.run(main())
+
+
+def test_a_watched_partition_s_new_log_start_reaches_the_follower_within_the_recheck(
+    leader: Leader,
+) -> None:
+    """Retention moves a log start without the partition's knowing: a session looks at
+    every partition afresh every QUIET_RECHECK_MS."""
+
+    async def main() -> None:
+        leader.produce([b"a", b"b", b"c"], partition=1, acks=1)
+        session = leader.fetch(0, 0, {0: 0, 1: 3}).session_id  # the HW moves to 3 here
+        assert answers(leader.fetch(session, 1, {})) == {}  # both watched from here on
+        replica = leader.replicas.get("orders", 1)
+        assert replica is not None
+        replica.log.maybe_increment_log_start_offset(2)
+        leader.clock.advance(10)
+        assert answers(leader.fetch(session, 2, {})) == {}  # still watched
+        leader.clock.advance(broker.fetch_session.QUIET_RECHECK_MS)
+        got = answers(leader.fetch(session, 3, {}))
+        assert list(got) == [1] and got[1].log_start_offset == 2
 
     asyncio.run(main())

@@ -139,6 +139,39 @@ def test_a_leadership_change_wakes_the_waiters_of_that_partition() -> None:
     run(body)
 
 
+def test_a_poke_feeds_a_parked_fetch_for_partitions_it_does_not_wait_on_by_key() -> None:
+    """A follower session's watched partitions reach its parked fetch through ``poke``:
+    bytes count as ``notify``'s do, -1 wakes as ``wake`` does, and the poke is withdrawn
+    once the fetch is no longer parked."""
+
+    async def body() -> None:
+        purgatory = FetchPurgatory()
+        feeds: list[Callable[[tuple[str, int], int], None] | None] = []
+        task = asyncio.get_running_loop().create_task(
+            purgatory.wait([A], 100, LONG_MS, appended=(seen := set()), poke=feeds.append)
+        )
+        await asyncio.sleep(0)
+        (feed,) = feeds
+        assert feed is not None
+        feed(B, 0)  # a change without bytes: nothing to count
+        feed(B, 60)
+        await asyncio.sleep(0)
+        assert not task.done()
+        feed(B, 40)
+        assert await task is WakeReason.BYTES and seen == {B} and feeds[-1] is None
+        task = asyncio.get_running_loop().create_task(
+            purgatory.wait([A], 100, LONG_MS, poke=feeds.append)
+        )
+        await asyncio.sleep(0)
+        feed = feeds[-1]
+        assert feed is not None
+        feed(B, -1)
+        assert await task is WakeReason.LEADERSHIP and feeds[-1] is None
+        assert purgatory.waiting == 0
+
+    run(body)
+
+
 def test_cancel_all_wakes_everyone_and_answers_later_waits_at_once() -> None:
     async def body() -> None:
         purgatory = FetchPurgatory()
