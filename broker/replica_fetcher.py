@@ -13,7 +13,9 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    one that opens the session; each later one is incremental, naming only the partitions
    that are new or whose position changed, and forgetting those no longer fetched (moved to
    another leader, or resting after an error). The leader still fetches every partition of
-   the session, so idle ones keep reporting this follower's position;
+   the session, so idle ones keep reporting this follower's position. A position is read
+   from the log again only after an answer for its partition was applied or the partition
+   rested, and at least every ``POSITION_REFRESH_S`` (the log start moves by retention);
 2. sends it over its own connection to the leader's listener (the address from the metadata
    image) and waits: the leader long-polls up to ``replica_fetch_wait_max_ms``, answering as
    soon as it appends;
@@ -72,6 +74,7 @@ CONNECT_TIMEOUT_S = 5.0
 MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
+POSITION_REFRESH_S = 1.0  # every partition's position is read afresh at least this often
 _SIZE = struct.Struct(">i")
 _READ_LIMIT_BYTES = 1 << 20  # the stream's buffer: big reads of big answers
 _SESSION_ERRORS = frozenset(
@@ -104,6 +107,10 @@ class _Followed:
     partition: Partition
     leader_epoch: int  # the epoch it follows; an answer for another is dropped
     rest_until: float = 0.0  # monotonic seconds
+    # The position last sent, kept until an answer is applied or the partition rests: the
+    # log end and last epoch change only then (``POSITION_REFRESH_S``: the log start also
+    # moves by retention, behind the fetcher's back).
+    position: FetchPosition | None = None
 
 
 class _Connection:
@@ -161,6 +168,7 @@ class ReplicaFetcher:
         self._wanted = asyncio.Event()
         self._connection: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._positions_read = 0.0  # monotonic seconds: when every position was read afresh
 
     def add(self, partition: Partition) -> None:
         self.followed[partition.key] = _Followed(partition, partition.leader_epoch)
@@ -236,6 +244,11 @@ class ReplicaFetcher:
 
     async def _fetch(self, connection: _Connection, ready: list[_Followed]) -> Any:
         config = self.config
+        now = time.monotonic()
+        if now - self._positions_read >= POSITION_REFRESH_S:
+            self._positions_read = now
+            for followed in self.followed.values():
+                followed.position = None
         wanted = {f.partition.key: self._position(f) for f in ready}
         request = self.session.build(wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
@@ -272,15 +285,18 @@ class ReplicaFetcher:
             return await connection.request(ApiKey.FETCH, FETCH_VERSION, body, limit)
 
     def _position(self, followed: _Followed) -> FetchPosition:
-        partition = followed.partition
-        fetch_offset, last_epoch = partition.fetch_position()
-        return FetchPosition(
-            fetch_offset,
-            last_epoch,
-            followed.leader_epoch,
-            partition.log_start_offset,
-            self.config.fetch_max_bytes,
-        )
+        position = followed.position
+        if position is None:
+            partition = followed.partition
+            fetch_offset, last_epoch = partition.fetch_position()
+            position = followed.position = FetchPosition(
+                fetch_offset,
+                last_epoch,
+                followed.leader_epoch,
+                partition.log_start_offset,
+                self.config.fetch_max_bytes,
+            )
+        return position
 
     # -- answers ---------------------------------------------------------------------------
     def _handle(self, response: Any, asked: list[_Followed]) -> None:
@@ -295,6 +311,8 @@ class ReplicaFetcher:
             _log.warning("fetch from broker %d: error %d", self.leader_id, code)
             self._rest_all(asked)
             return
+        if not response.responses:
+            return  # no news anywhere (an idle session's usual answer)
         sent = {f.partition.key: f for f in asked}
         for topic in response.responses:
             for answer in topic.partitions:
@@ -320,6 +338,7 @@ class ReplicaFetcher:
 
     def _apply(self, followed: _Followed, answer: Any) -> None:
         partition = followed.partition
+        followed.position = None  # whatever the answer does, read the position afresh
         diverging = getattr(answer, "diverging_epoch", None)
         if diverging is not None and diverging.epoch < 0 and diverging.end_offset < 0:
             diverging = None  # the tagged field's default: no divergence
@@ -359,6 +378,7 @@ class ReplicaFetcher:
 
     def _rest(self, followed: _Followed) -> None:
         followed.rest_until = time.monotonic() + self.config.fetch_backoff_ms / 1000
+        followed.position = None
 
     def _rest_all(self, asked: list[_Followed]) -> None:
         for followed in asked:

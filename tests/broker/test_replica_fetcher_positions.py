@@ -1,0 +1,132 @@
+"""The follower fetcher's request building, in one process: a partition's position is read
+from its log only after an answer for it was applied (or it rested), and every partition's
+at least every ``POSITION_REFRESH_S``, so a log start moved by retention still reaches the
+leader; an incremental request names only the partitions whose position changed.
+
+The requests go to a stand-in connection that records each request's body and answers with
+a canned Fetch response; the partitions are real followers on real logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import FakeClock, make_batch
+
+import broker.replica_fetcher as fetcher_module
+from broker.protocol import ErrorCode
+from broker.replica_fetcher import FetcherConfig, ReplicaFetcher, _Followed
+from controller.image import PartitionState
+from replication.partition import Partition
+from storage.config import LogConfig
+from storage.loader import load_log
+from storage.log import Log
+
+ME, LEADER, SESSION = 2, 1, 77
+TOPIC_ID = bytes(range(16))
+
+
+class _Answer:
+    """What ``ReplicaFetcher._handle`` reads of a Fetch response."""
+
+    def __init__(self, partitions: list[Any]) -> None:
+        self.error_code = ErrorCode.NONE
+        self.session_id = SESSION
+        self.responses = [_Topic("orders", partitions)] if partitions else []
+
+
+class _Topic:
+    def __init__(self, topic: str, partitions: list[Any]) -> None:
+        self.topic, self.partitions = topic, partitions
+
+
+class _PartitionAnswer:
+    def __init__(self, index: int, records: bytes, high_watermark: int) -> None:
+        self.partition_index, self.records = index, records
+        self.error_code = ErrorCode.NONE
+        self.high_watermark, self.log_start_offset = high_watermark, 0
+        self.diverging_epoch = None
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.answer = _Answer([])
+
+    async def request(self, api_key: int, version: int, body: dict[str, Any], limit: int) -> Any:
+        self.bodies.append(body)
+        return self.answer
+
+
+def named(body: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """partition -> (fetch offset, log start offset) of what a request names."""
+    return {
+        p["partition"]: (p["fetch_offset"], p["log_start_offset"])
+        for t in body["topics"]
+        for p in t["partitions"]
+    }
+
+
+@pytest.fixture
+def followers(tmp_path: Path) -> Iterator[list[Partition]]:
+    logs: list[Log] = []
+    made = []
+    for index in (0, 1):
+        log = load_log(tmp_path / f"orders-{index}", LogConfig(), clock=FakeClock())
+        logs.append(log)
+        partition = Partition("orders", TOPIC_ID, index, log, local_broker_id=ME)
+        state = PartitionState(TOPIC_ID, index, (LEADER, ME), (LEADER, ME), LEADER, 0, 0)
+        partition.make_follower(state)
+        made.append(partition)
+    yield made
+    for log in logs:
+        log.abandon()
+
+
+def test_positions_are_read_after_answers_and_refreshed_for_retention(
+    followers: list[Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []
+    real = Partition.fetch_position
+
+    def counted(self: Partition) -> tuple[int, int]:
+        reads.append(self.partition_id)
+        return real(self)
+
+    monkeypatch.setattr(Partition, "fetch_position", counted)
+    monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
+
+    async def main() -> None:
+        fetcher = ReplicaFetcher(LEADER, FetcherConfig(broker_id=ME), lambda _: None)
+        for p in followers:
+            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        connection = _Connection()
+
+        async def fetch_once() -> dict[str, Any]:
+            ready = fetcher._ready()
+            fetcher._handle(await fetcher._fetch(connection, ready), ready)
+            return connection.bodies[-1]
+
+        assert named(await fetch_once()) == {0: (0, 0), 1: (0, 0)}  # full: opens the session
+        assert sorted(reads) == [0, 1]
+        connection.answer = _Answer([_PartitionAnswer(0, make_batch([b"a", b"b"]), 2)])
+        assert named(await fetch_once()) == {}  # nothing moved; partition 0 is appended to
+        assert followers[0].log.log_end_offset == 2
+        connection.answer = _Answer([])
+        assert named(await fetch_once()) == {0: (2, 0)}  # its new position, read once
+        assert sorted(reads) == [0, 0, 1]
+        for _ in range(3):
+            assert named(await fetch_once()) == {}
+        assert sorted(reads) == [0, 0, 1], "positions were read with nothing applied"
+        # Retention moves the log start behind the fetcher's back: seen at the refresh.
+        followers[0].log.maybe_increment_high_watermark(2)
+        followers[0].log.maybe_increment_log_start_offset(1)
+        assert named(await fetch_once()) == {}
+        monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 0.0)
+        assert named(await fetch_once()) == {0: (2, 1)}
+
+    asyncio.run(main())
