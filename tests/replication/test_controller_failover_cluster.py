@@ -25,6 +25,17 @@ CONTROLLERS = (1, 2, 3)
 ELECTION_S = 15.0  # a new active controller after the old one died (generous; ~2 s here)
 
 
+def check_everything_kept(c: Cluster, topic: str, load: rc.Continuous, tail: rc.Tail) -> None:
+    """Stop the load; every acknowledged record is in the log once, the replicas agree,
+    and the consumer saw only what the log holds."""
+    load.stop()
+    tail.stop()
+    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
+    assert load.unflushed == 0, load.report.summary()
+    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
+    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+
+
 def wait_other_controller(c: Cluster, old: int) -> int:
     """Until a controller other than ``old`` is active; returns its id."""
     new = rc.wait_for(
@@ -84,12 +95,7 @@ def test_the_active_controller_and_a_leader_killed_together_lose_no_acknowledged
         ], (views_before, views_after, c.story())
         assert c.unfenced(rc.BROKERS[0]) == list(rc.BROKERS), c.story()
         c.start(new_controller)
-    load.stop()
-    tail.stop()
-    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
-    assert load.unflushed == 0, load.report.summary()
-    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
-    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+    check_everything_kept(c, topic, load, tail)
 
 
 @pytest.mark.slow
@@ -130,12 +136,7 @@ def test_a_paused_controller_and_broker_resume_into_a_cluster_that_moved_on(
         # by voters hearing from their leader, so it does not unseat the new controller.
         assert c.active_controller() == new_controller, c.story()
         rc.wait_acks(c, load, time.monotonic(), 1, 100, "acks after both resumed")
-    load.stop()
-    tail.stop()
-    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
-    assert load.unflushed == 0, load.report.summary()
-    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
-    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+    check_everything_kept(c, topic, load, tail)
 
 
 @pytest.mark.slow
@@ -178,9 +179,4 @@ def test_brokers_keep_serving_while_the_controller_quorum_is_lost(
         c.start(victim)
         c.wait_full_isr(topic)
         rc.wait_acks(c, load, time.monotonic(), 0, 100, "acks with every broker back")
-    load.stop()
-    tail.stop()
-    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)} {dict(tail.errors)}")
-    assert load.unflushed == 0, load.report.summary()
-    rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
-    assert len(tail.seen) > 0 and len(load.report.acked) > 600, load.report.summary()
+    check_everything_kept(c, topic, load, tail)
