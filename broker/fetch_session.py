@@ -325,9 +325,23 @@ class IncrementalFetch:
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.epoch = session.epoch  # the session's epoch once this request is taken
-        self.keys = list(session.partitions)  # what a long poll waits on
-        self.partitions = [(key, c.position) for key, c in session.partitions.items()]
+        self._partitions: list[tuple[PartitionKey, FetchPosition]] | None = None
+        self._keys: list[PartitionKey] | None = None
         self._poke: Callable[[PartitionKey, int], None] | None = None
+
+    @property
+    def partitions(self) -> list[tuple[PartitionKey, FetchPosition]]:
+        """What to read: the whole session, or what ``skip_quiet`` left of it."""
+        if self._partitions is None:
+            self._partitions = [(key, c.position) for key, c in self.session.partitions.items()]
+        return self._partitions
+
+    @property
+    def keys(self) -> list[PartitionKey]:
+        """What a long poll waits on by key: the partitions read."""
+        if self._keys is None:
+            self._keys = [key for key, _ in self.partitions]
+        return self._keys
 
     def skip_quiet(self, quiet: Callable[[PartitionKey, _Cached, _Watch], bool]) -> None:
         """Read, answer and wait on only the partitions the session does not watch and for
@@ -347,8 +361,8 @@ class IncrementalFetch:
                 watched[key] = watch
             else:
                 chosen.append((key, cached.position))
-        self.partitions = chosen
-        self.keys = [key for key, _ in chosen]
+        self._partitions = chosen
+        self._keys = None
 
     @property
     def watching(self) -> bool:
