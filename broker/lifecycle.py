@@ -19,7 +19,9 @@ the answer is DUPLICATE_BROKER_REGISTRATION: after a restart, the previous proce
 must expire first (``broker_session_timeout_ms``), as in Kafka. Errors reaching the
 controller are retried by the client; a heartbeat that fails altogether is logged and the
 next one tries again: the controller fences a broker it has not heard from for its session
-timeout.
+timeout. A heartbeat's attempts are short (``HEARTBEAT_ATTEMPT_INTERVALS`` intervals), so
+one sent to a paused controller moves on to the next active one within the session timeout
+that controller starts counting when it takes over.
 
 Each time the committed image changes, the partitions this broker leads and follows (with
 their epochs) go to the ``on_partitions`` callbacks: the hook that replication turns into
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import os
@@ -52,6 +55,11 @@ _RETRY_REGISTRATION = frozenset(
     {cpb.DUPLICATE_BROKER_REGISTRATION, cpb.REQUEST_TIMED_OUT, cpb.UNKNOWN_SERVER_ERROR}
 )
 REGISTER_TIMEOUT_S = 120.0  # beyond a session timeout (9 s by default) with room to spare
+# One heartbeat attempt waits at most this many heartbeat intervals (and this long at least):
+# a paused controller must not hold a heartbeat past the session timeout the next active
+# controller counts from its start (Kafka's controller requests time out after 2 s too).
+HEARTBEAT_ATTEMPT_INTERVALS = 2
+HEARTBEAT_ATTEMPT_MIN_MS = 1_000
 REGISTER_BACKOFF_S = 0.2
 REGISTER_BACKOFF_MAX_S = 2.0
 
@@ -98,6 +106,10 @@ class BrokerLifecycle:
         self.node = node
         self.machine = machine
         self.heartbeat_interval_s = heartbeat_interval_ms / 1000
+        attempt_ms = max(
+            HEARTBEAT_ATTEMPT_MIN_MS, HEARTBEAT_ATTEMPT_INTERVALS * heartbeat_interval_ms
+        )
+        self.heartbeat_policy = dataclasses.replace(client.policy, rpc_timeout_ms=attempt_ms)
         self.state = BrokerState.STARTING
         self.broker_epoch = -1
         self._callbacks: list[Callable[[PartitionAssignment], None]] = []
@@ -189,7 +201,7 @@ class BrokerLifecycle:
         )
         try:
             response: cpb.BrokerHeartbeatResponse = await self.client.call(
-                "BrokerHeartbeat", request
+                "BrokerHeartbeat", request, self.heartbeat_policy
             )
         except ControllerUnavailable as e:
             _log.warning("broker %d: heartbeat failed: %s", self.broker_id, e)

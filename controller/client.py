@@ -6,7 +6,12 @@ says NOT_CONTROLLER names the active controller (or nobody, during an election),
 controller that cannot be reached is skipped, so the call moves on through the quorum,
 waiting ``retry_backoff_ms`` (doubling up to ``retry_backoff_max_ms``) after each full round,
 until ``timeout_ms`` is spent. Every other answer, error or not, goes back to the caller:
-what to do about TOPIC_ALREADY_EXISTS is the caller's business.
+what to do about TOPIC_ALREADY_EXISTS is the caller's business. A call may bring its own
+policy (a broker's heartbeats: short attempts, so that a paused controller does not hold
+them past the session timeout). The channels try a controller they lost again within
+``retry_backoff_max_ms`` as well: gRPC's own reconnect backoff grows to two minutes, and a
+controller back after a long outage would otherwise stay unreachable (its brokers unheard,
+and fenced) long after it answers.
 
 A change whose answer was lost (the controller died after committing it) may be retried by
 the caller and then be refused as already done (TOPIC_ALREADY_EXISTS): requests are not
@@ -65,20 +70,22 @@ class ControllerClient:
         for channel in channels.values():
             await channel.close(None)
 
-    async def call(self, method: str, request: Any) -> Any:
+    async def call(self, method: str, request: Any, policy: RetryPolicy | None = None) -> Any:
         """``method`` is the RPC's name (``"CreateTopics"``); returns its response message.
-        Raises ControllerUnavailable when no active controller answered in time."""
+        ``policy`` overrides the client's for this call. Raises ControllerUnavailable when no
+        active controller answered in time."""
+        policy = policy or self.policy
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.policy.timeout_ms / 1000
-        backoff_s = self.policy.retry_backoff_ms / 1000
+        deadline = loop.time() + policy.timeout_ms / 1000
+        backoff_s = policy.retry_backoff_ms / 1000
         last = "no attempt"
         while loop.time() < deadline:
             for node_id in self._order():
-                response, last = await self._attempt(node_id, method, request, deadline)
+                response, last = await self._attempt(node_id, method, request, deadline, policy)
                 if response is not None:
                     return response
             await asyncio.sleep(min(backoff_s, max(0.0, deadline - loop.time())))
-            backoff_s = min(2 * backoff_s, self.policy.retry_backoff_max_ms / 1000)
+            backoff_s = min(2 * backoff_s, policy.retry_backoff_max_ms / 1000)
         raise ControllerUnavailable(f"{method}: no active controller answered ({last})")
 
     def _order(self) -> list[int]:
@@ -86,10 +93,10 @@ class ControllerClient:
         return [self._active, *others] if self._active in self._addresses else others
 
     async def _attempt(
-        self, node_id: int, method: str, request: Any, deadline: float
+        self, node_id: int, method: str, request: Any, deadline: float, policy: RetryPolicy
     ) -> tuple[Any | None, str]:
         remaining = deadline - asyncio.get_running_loop().time()
-        timeout = min(self.policy.rpc_timeout_ms / 1000, remaining)
+        timeout = min(policy.rpc_timeout_ms / 1000, remaining)
         if timeout <= 0:
             return None, "timed out"
         stub = controller_pb2_grpc.ControllerServiceStub(self._channel(node_id))
@@ -110,6 +117,12 @@ class ControllerClient:
         address = self._addresses[node_id]
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address)
+            backoff_ms = self.policy.retry_backoff_max_ms
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
+            ]
+            channel = grpc.aio.insecure_channel(address, options=options)
             self._channels[address] = channel
         return channel
