@@ -433,6 +433,11 @@ class FetchSessionCache:
         """Partitions cached now, in all sessions."""
         return sum(lane.partitions for lane in self._lanes.values())
 
+    @property
+    def watched(self) -> int:
+        """Partitions the followers' sessions watch as quiet now (their fetches skip them)."""
+        return sum(len(s.quiet) for s in self._lanes[True].sessions.values())
+
     def epoch_of(self, session_id: int) -> int | None:
         """The epoch session ``session_id``'s next request must carry; None if none open."""
         session = self._sessions.get(session_id)

@@ -64,3 +64,7 @@ def test_idle_followers_stay_in_the_isr_on_incremental_fetches(
         assert fetched >= WINDOW_LAGS * LAG_MS / 500 / 2, (broker, fetched)
     for leader in leaders:  # a session from each of its partitions' followers
         assert after[leader]["fetch_sessions"] >= 2, (leader, after[leader])
+        # ... which watch its idle partitions: two followers of each partition it leads,
+        # except those looked at afresh in this very fetch (every second).
+        led = sum(1 for v in views if v.leader == leader)
+        assert 0 < after[leader]["fetch_session_watched_partitions"] <= 2 * led, after[leader]
