@@ -49,20 +49,18 @@ class WakeReason(enum.Enum):
 
 
 class _Waiter:
-    __slots__ = ("appended", "future", "keys", "min_bytes", "received")
+    __slots__ = ("future", "keys", "min_bytes", "received")
 
     def __init__(
         self,
         future: asyncio.Future[WakeReason],
         keys: Sequence[Key],
         min_bytes: int,
-        appended: set[Key] | None,
     ):
         self.future = future
         self.keys = keys
         self.min_bytes = min_bytes
         self.received = 0
-        self.appended = appended
 
     def wake(self, reason: WakeReason) -> None:
         if not self.future.done():
@@ -76,8 +74,6 @@ class _Waiter:
         if bytes_appended == 0:
             return
         self.received += bytes_appended
-        if self.appended is not None:
-            self.appended.add(key)
         if self.received >= self.min_bytes:
             self.wake(WakeReason.BYTES)
 
@@ -104,16 +100,14 @@ class FetchPurgatory:
         keys: Sequence[Key],
         min_bytes: int,
         timeout_ms: int,
-        appended: set[Key] | None = None,
         poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
     ) -> WakeReason:
         """Return once ``min_bytes`` have become readable across ``keys`` since the call,
         or ``timeout_ms`` passed, or a partition changed leader, or shutdown began.
         ``min_bytes <= 0`` or ``timeout_ms <= 0`` return at once; no keys waits the timeout
-        (an empty incremental fetch waits too). The keys that had bytes meanwhile are added
-        to ``appended``, if given. ``poke``, if given, is handed a function that feeds this
-        wait as ``notify`` does, for partitions not among ``keys`` (bytes -1: as ``wake``),
-        while it is parked, and None once it is not."""
+        (an empty incremental fetch waits too). ``poke``, if given, is handed a function
+        that feeds this wait as ``notify`` does, for partitions not among ``keys`` (bytes -1:
+        as ``wake``), while it is parked, and None once it is not."""
         if min_bytes <= 0:
             return WakeReason.BYTES
         if timeout_ms <= 0:
@@ -124,7 +118,7 @@ class FetchPurgatory:
             self._overflow()
             return WakeReason.OVERFLOW
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes, appended)
+        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes)
         timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
         self._park(waiter)
         if poke is not None:
