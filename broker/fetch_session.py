@@ -32,8 +32,11 @@ poll, and calls ``context.finish(news, now_ms)`` with what each answer says. ``f
 opens a full fetch's session and says the session id to answer with; for an incremental
 fetch it says which answers go out: those with something the client has not heard
 (records, a changed high watermark, last stable offset or log start offset, an error, a
-diverging epoch), as Kafka's ``CachedPartition.maybeUpdateResponseData``. After an error the
-cached high watermark is forgotten, so the partition is answered again once it clears.
+diverging epoch), as Kafka's ``CachedPartition.maybeUpdateResponseData``. After an error or a
+diverging epoch the cached high watermark is forgotten, so the partition is answered again
+with it (a follower that truncates does not take the HW from that answer, and a session that
+took it as heard never said it again to an idle partition's follower: found by the
+replication simulation's fetch sessions).
 Answered partitions move to the end of the session's order, so a response's size limits
 do not starve the partitions after them (Kafka does the same).
 
@@ -181,7 +184,10 @@ class _Cached:
     log_start_offset: int = -1
 
     def heard(self, news: News) -> None:
-        self.high_watermark = -1 if news.error_code != ErrorCode.NONE else news.high_watermark
+        # A follower truncating on a diverging epoch does not take the HW of that answer (its
+        # log may still diverge below it), so it has not heard it either.
+        forget = news.error_code != ErrorCode.NONE or news.diverging
+        self.high_watermark = -1 if forget else news.high_watermark
         self.last_stable_offset = news.last_stable_offset
         self.log_start_offset = news.log_start_offset
 

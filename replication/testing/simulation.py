@@ -15,6 +15,11 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   still follows the same leader at the same epoch; a leader proposes ISR changes
   (AlterPartition, members' broker epochs from its own image), checks for lagging followers
   every half ``replica_lag_time_max_ms`` and checkpoints its HW; every broker heartbeats.
+  With ``fetch_sessions`` a follower instead keeps one fetcher per leader, fetching all it
+  follows there in a fetch session (``broker.fetch_session_client``, positions cached as
+  the real fetcher caches them), and a leader serves it through its ``FetchSessionCache``
+  as the fetch handler does: quiet partitions watched and skipped, a parked fetch woken by
+  an append to what it read or through its session's watches.
 - Controller: ``ModelController`` holds the partition states and broker registrations and
   applies the rules of controller/elections.py and brokers.py: AlterPartition refused on a
   stale broker epoch, leader epoch or partition epoch, or a fenced / restarted member; a
@@ -75,11 +80,24 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
+from broker.fetch_session import (
+    NO_SESSION,
+    FetchContext,
+    FetchPosition,
+    FetchSessionCache,
+    IncrementalFetch,
+    News,
+    PartitionKey,
+    SessionLimits,
+    SessionRequest,
+)
+from broker.fetch_session_client import FetchSessionClient
+from broker.protocol import ErrorCode
 from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
-from replication.partition import Partition, Role
+from replication.partition import Partition, QuietWatch, Role
 from replication.testing.power_loss import lose_page_cache
 from storage.batch import BatchHeader
 from storage.config import LogConfig
@@ -158,6 +176,11 @@ class SimConfig:
     # the weight of controller failovers among the faults (the others weigh 1-3 each); 0, the
     # default, leaves every seed's history as it was before failovers existed
     controller_failover_weight: int = 0
+    # followers fetch as the real ones do: one fetcher per leader, in a fetch session
+    # (KIP-227) whose leader side watches quiet partitions (broker/fetch_session.py,
+    # replica_fetcher.py, handlers/fetch.py); False, the default, fetches each partition on
+    # its own and leaves every seed's history as it was before sessions were simulated
+    fetch_sessions: bool = False
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -211,6 +234,7 @@ class SimResult:
     controller_failovers: int = 0
     leader_changes: int = 0
     isr_changes: int = 0
+    quiet_skips: int = 0  # partitions session fetches skipped as watched (fetch_sessions)
     truncations: int = 0
     values_sent: int = 0
     values_acked: int = 0
@@ -462,6 +486,30 @@ class FetchResp:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFetchReq:
+    """A follower fetcher's request to one leader, in its fetch session (``fetch_sessions``):
+    the partitions named (new, or their position changed) and those forgotten."""
+
+    replica: int
+    req_id: int
+    session_id: int
+    epoch: int
+    partitions: tuple[tuple[int, FetchPosition], ...]
+    forgotten: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFetchResp:
+    """The leader's answer: a session error, or the partitions with news (``req_id`` of
+    each is the request's)."""
+
+    req_id: int
+    error: int
+    session_id: int
+    answers: tuple[FetchResp, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AlterResp:
     pid: int
     req_id: int
@@ -506,6 +554,8 @@ class ProduceResp:
 Payload = (
     FetchReq
     | FetchResp
+    | SessionFetchReq
+    | SessionFetchResp
     | AlterReq
     | AlterResp
     | HeartbeatReq
@@ -533,6 +583,15 @@ class Deliver:
 HEARTBEAT, SHRINK, CHECKPOINT = "heartbeat", "shrink", "checkpoint"
 FETCH, FETCH_TIMEOUT, POLL_EXPIRE, ALTER_TIMEOUT = "fetch", "fetch-timeout", "poll", "alter-to"
 ALTER_RETRY = "alter-retry"
+# With ``fetch_sessions``: a fetcher's turn and its request's timeout (``pid`` is the
+# leader's id), and a parked session fetch's expiry or wake-up (``token``).
+FETCHER, FETCHER_TIMEOUT = "fetcher", "fetcher-timeout"
+SESSION_POLL_EXPIRE, SESSION_WAKE = "session-poll", "session-wake"
+POSITION_REFRESH_MS = 1_000  # broker/replica_fetcher.py's POSITION_REFRESH_S
+# The top-level errors after which a fetcher's next request is a full one, sent at once.
+SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
+)
 # AlterPartition refusals that end a proposal (broker/alter_partition.py): checked at the
 # epochs the leader holds, nothing written. Any other outcome leaves it pending, sent again.
 REFUSED_FOR_GOOD = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
@@ -598,6 +657,32 @@ class Fetching:
     leader_epoch: int
     gen: int
     in_flight: int = 0
+    # With ``fetch_sessions``: the position last sent (read afresh after an answer for the
+    # partition was applied, a rest, or POSITION_REFRESH_MS), and the end of a rest.
+    position: FetchPosition | None = None
+    rest_until: int = 0
+
+
+@dataclass(slots=True)
+class Fetcher:
+    """With ``fetch_sessions``: a follower's fetcher of one leader (broker/replica_fetcher.py):
+    its session, the request in flight (0: none) and the generation of each partition it
+    asked for (an answer for a partition followed anew since is dropped)."""
+
+    client: FetchSessionClient = field(default_factory=FetchSessionClient)
+    in_flight: int = 0
+    asked: dict[int, int] = field(default_factory=dict)
+    positions_read_ms: int = -POSITION_REFRESH_MS
+
+
+@dataclass(slots=True)
+class ParkedFetch:
+    """A session fetch long-polled at the leader; ``pids``: the partitions it read."""
+
+    msg: Msg
+    request: SessionFetchReq
+    context: FetchContext
+    pids: frozenset[int]
 
 
 @dataclass(slots=True)
@@ -614,6 +699,11 @@ class SimBroker:
     mirrors: dict[int, Mirror] = field(default_factory=dict)
     fetching: dict[int, Fetching] = field(default_factory=dict)
     parked: dict[int, Msg] = field(default_factory=dict)  # long-polled fetches, by token
+    # With ``fetch_sessions``: fetchers by leader, the leader side's session cache (one per
+    # incarnation) and its parked session fetches, by token.
+    fetchers: dict[int, Fetcher] = field(default_factory=dict)
+    sessions: FetchSessionCache | None = None
+    session_parked: dict[int, ParkedFetch] = field(default_factory=dict)
     # request id -> the proposal it carries: (pid, proposed ISR, partition epoch)
     alter_in_flight: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     alter_rest_until: dict[int, int] = field(default_factory=dict)
@@ -628,6 +718,9 @@ class SimBroker:
         self.view = None
         for table in (self.partitions, self.mirrors, self.fetching, self.parked):
             table.clear()
+        self.fetchers.clear()
+        self.session_parked.clear()
+        self.sessions = None
         self.alter_in_flight.clear()
         self.alter_rest_until.clear()
         self.alter_retries.clear()
@@ -958,6 +1051,10 @@ class Simulation:
             self._serve_fetch(broker, msg, payload, may_park=True)
         elif isinstance(payload, FetchResp):
             self._on_fetch_answer(broker, payload)
+        elif isinstance(payload, SessionFetchReq):
+            self._serve_session_fetch(broker, msg, payload)
+        elif isinstance(payload, SessionFetchResp):
+            self._on_session_answer(broker, msg.src, payload)
         elif isinstance(payload, ProduceReq):
             self._serve_produce(broker, msg, payload)
         elif isinstance(payload, AlterResp):
@@ -1005,7 +1102,10 @@ class Simulation:
         if partition.role is Role.FOLLOWER and partition.leader_id >= 0:
             gen = self._next_id()
             broker.fetching[pid] = Fetching(partition.leader_id, partition.leader_epoch, gen)
-            self._timer(broker, self.now, FETCH, pid, gen)
+            if self.config.fetch_sessions:
+                self._timer(broker, self.now, FETCHER, partition.leader_id)
+            else:
+                self._timer(broker, self.now, FETCH, pid, gen)
         else:
             broker.fetching.pop(pid, None)
 
@@ -1026,6 +1126,14 @@ class Simulation:
             parked = broker.parked.pop(timer.token, None)
             if parked is not None and isinstance(parked.payload, FetchReq):
                 self._serve_fetch(broker, parked, parked.payload, may_park=False)
+        elif timer.kind == FETCHER:
+            self._fetch_from(broker, timer.pid)
+        elif timer.kind == FETCHER_TIMEOUT:
+            self._fetcher_timed_out(broker, timer.pid, timer.token)
+        elif timer.kind in (SESSION_POLL_EXPIRE, SESSION_WAKE):
+            waiting = broker.session_parked.pop(timer.token, None)
+            if waiting is not None:
+                self._answer_session_fetch(broker, waiting, may_park=False)
         elif timer.kind == ALTER_TIMEOUT:
             self._alter_unanswered(broker, timer.token, "no answer")
         elif timer.kind == ALTER_RETRY:
@@ -1124,6 +1232,215 @@ class Simulation:
                 )
         return done.outcome is Outcome.REST
 
+    # -- a broker: the follower's fetchers, in fetch sessions (``fetch_sessions``) ---------
+    def _fetch_from(self, broker: SimBroker, leader: int) -> None:
+        """broker/replica_fetcher.py's loop: one request for every partition followed from
+        ``leader`` that is not resting, in the fetcher's session."""
+        fetcher = broker.fetchers.setdefault(leader, Fetcher())
+        if fetcher.in_flight:
+            return  # the answer's handling fetches again, with what changed meanwhile
+        followed = {pid: f for pid, f in broker.fetching.items() if f.leader == leader}
+        if not followed:  # following nothing there: the connection, and the session, go
+            del broker.fetchers[leader]
+            return
+        ready = {pid: f for pid, f in followed.items() if f.rest_until <= self.now}
+        if not ready:
+            until = min(f.rest_until for f in followed.values())
+            self._timer(broker, until, FETCHER, leader)
+            return
+        if self.now - fetcher.positions_read_ms >= POSITION_REFRESH_MS:
+            fetcher.positions_read_ms = self.now
+            for f in followed.values():
+                f.position = None
+        wanted = {(TOPIC, pid): self._position(broker, pid, f) for pid, f in ready.items()}
+        request = fetcher.client.build(wanted)
+        req_id = self._next_id()
+        fetcher.in_flight = req_id
+        fetcher.asked = {pid: f.gen for pid, f in ready.items()}
+        fetch = SessionFetchReq(
+            broker.broker_id,
+            req_id,
+            request.session_id,
+            request.epoch,
+            tuple((key[1], position) for key, position in request.partitions.items()),
+            tuple(key[1] for key in request.forgotten),
+        )
+        self._send_from(broker, leader, fetch)
+        timeout = self.config.fetch_wait_max_ms + self.config.request_timeout_ms
+        self._timer(broker, self.now + timeout, FETCHER_TIMEOUT, leader, req_id)
+
+    def _position(self, broker: SimBroker, pid: int, fetching: Fetching) -> FetchPosition:
+        if fetching.position is None:
+            partition = broker.partitions[pid]
+            offset, last_epoch = partition.fetch_position()
+            fetching.position = FetchPosition(
+                offset,
+                last_epoch,
+                fetching.leader_epoch,
+                partition.log_start_offset,
+                self.config.fetch_max_bytes,
+            )
+        return fetching.position
+
+    def _fetcher_timed_out(self, broker: SimBroker, leader: int, req_id: int) -> None:
+        """No answer: the real fetcher drops the connection (its next request is a full
+        one) and tries again after a backoff."""
+        fetcher = broker.fetchers.get(leader)
+        if fetcher is not None and fetcher.in_flight == req_id:
+            fetcher.in_flight = 0
+            fetcher.client.reset()
+            self._timer(broker, self.now + self.config.fetch_backoff_ms, FETCHER, leader)
+
+    def _on_session_answer(self, broker: SimBroker, leader: int, answer: SessionFetchResp) -> None:
+        """ReplicaFetcher._handle: a partition left out of the answer has no news."""
+        fetcher = broker.fetchers.get(leader)
+        if fetcher is None or fetcher.in_flight != answer.req_id:
+            return  # timed out: its fate was reset with the session
+        fetcher.in_flight = 0
+        if not fetcher.client.handle_response(answer.error, answer.session_id):
+            if answer.error not in SESSION_ERRORS:
+                for pid in fetcher.asked:
+                    self._rest(broker, pid)
+            self._timer(broker, self.now, FETCHER, leader)
+            return
+        for part in answer.answers:
+            fetching = broker.fetching.get(part.pid)
+            if fetching is None or fetcher.asked.get(part.pid) != fetching.gen:
+                continue  # unfollowed, or followed anew, since the request
+            partition = broker.partitions[part.pid]
+            if not (
+                partition.role is Role.FOLLOWER
+                and partition.leader_id == leader
+                and partition.leader_epoch == fetching.leader_epoch
+            ):
+                continue  # a newer leader or epoch in the image: dropped
+            fetching.position = None
+            if self._apply_answer(broker, part.pid, partition, part):
+                self._rest(broker, part.pid)
+        self._timer(broker, self.now, FETCHER, leader)
+
+    def _rest(self, broker: SimBroker, pid: int) -> None:
+        fetching = broker.fetching.get(pid)
+        if fetching is not None:
+            fetching.rest_until = self.now + self.config.fetch_backoff_ms
+            fetching.position = None
+
+    # -- a broker: the leader's side of fetch sessions (``fetch_sessions``) ----------------
+    def _serve_session_fetch(self, broker: SimBroker, msg: Msg, req: SessionFetchReq) -> None:
+        """broker/handlers/fetch.py with the broker's session cache."""
+        assert broker.sessions is not None
+        session_request = SessionRequest(
+            req.session_id,
+            req.epoch,
+            req.replica,
+            {(TOPIC, pid): position for pid, position in req.partitions},
+            [(TOPIC, pid) for pid in req.forgotten],
+        )
+        context = broker.sessions.begin(session_request, self.now)
+        if context.error_code != ErrorCode.NONE:
+            self._reply(msg, SessionFetchResp(req.req_id, context.error_code, NO_SESSION, ()))
+            return
+        parked = ParkedFetch(msg, req, context, frozenset())
+        self._answer_session_fetch(broker, parked, may_park=True)
+
+    def _answer_session_fetch(self, broker: SimBroker, fetch: ParkedFetch, may_park: bool) -> None:
+        """Read what the context says (of an incremental fetch, what its quiet partitions
+        leave), park when there is nothing, else answer what the session lets out."""
+        req, context = fetch.request, fetch.context
+        if isinstance(context, IncrementalFetch):
+            context.parked(None)
+            context.skip_quiet(self._quiet_for(broker, req.replica))
+            self.result.quiet_skips += len(context.session.partitions) - len(context.partitions)
+        read = [self._session_read(broker, req, key[1], pos) for key, pos in context.partitions]
+        nothing = all(not a.records and not a.error and a.diverging is None for a, _ in read)
+        watching = isinstance(context, IncrementalFetch) and context.watching
+        if nothing and may_park and (read or watching):
+            token = self._next_id()
+            pids = frozenset(key[1] for key, _ in context.partitions)
+            broker.session_parked[token] = ParkedFetch(fetch.msg, req, context, pids)
+            if isinstance(context, IncrementalFetch) and watching:
+                context.parked(lambda key, appended: self._poked(broker, token, appended))
+            wait = self.now + self.config.fetch_wait_max_ms
+            self._timer(broker, wait, SESSION_POLL_EXPIRE, token=token)
+            return
+        said = context.finish([news for _, news in read], self.now)
+        if said.error_code != ErrorCode.NONE:
+            answer = SessionFetchResp(req.req_id, said.error_code, said.session_id, ())
+        else:
+            parts = tuple(a for (a, _), go in zip(read, said.include, strict=True) if go)
+            answer = SessionFetchResp(req.req_id, ErrorCode.NONE, said.session_id, parts)
+        self._reply(fetch.msg, answer)
+
+    def _poked(self, broker: SimBroker, token: int, appended: int) -> None:
+        """A watched partition of a parked fetch's session changed (FetchPurgatory's poke):
+        bytes appended or a leadership change wake it on the loop's next turn."""
+        if appended != 0 and token in broker.session_parked:
+            self._timer(broker, self.now, SESSION_WAKE, token=token)
+
+    def _quiet_for(
+        self, broker: SimBroker, replica: int
+    ) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
+        """broker/handlers/fetch.py's _quiet_for: nothing new for the follower, which is
+        caught up (its fetch noted, as a read notes it), so the session may watch it."""
+
+        def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
+            partition = broker.partitions.get(key[1])
+            if partition is None:
+                return False
+            position = heard.position
+            return (
+                heard.high_watermark == partition.high_watermark
+                and heard.last_stable_offset == partition.last_stable_offset
+                and heard.log_start_offset == partition.log_start_offset
+                and partition.read_for_quiet_follower(
+                    replica,
+                    position.fetch_offset,
+                    last_fetched_epoch=position.last_fetched_epoch,
+                    current_leader_epoch=position.current_leader_epoch,
+                    now_ms=self.now,
+                    watch=watch,
+                )
+            )
+
+        return quiet
+
+    def _session_read(
+        self, broker: SimBroker, req: SessionFetchReq, pid: int, position: FetchPosition
+    ) -> tuple[FetchResp, News]:
+        """One partition of a session fetch, as ``_serve_fetch`` reads it, with the news it
+        tells the session."""
+        partition = broker.partitions.get(pid)
+        try:
+            if partition is None:
+                raise NotLeaderOrFollower(f"broker {broker.broker_id} holds no p{pid}")
+            found = partition.read_for_follower(
+                req.replica,
+                position.fetch_offset,
+                position.max_bytes,
+                last_fetched_epoch=position.last_fetched_epoch,
+                current_leader_epoch=position.current_leader_epoch,
+                now_ms=self.now,
+            )
+        except ReplicationError as e:
+            hw = start = -1
+            if partition is not None and e.code == OffsetOutOfRange.code:
+                hw, start = partition.high_watermark, partition.log_start_offset
+            answer = FetchResp(pid, req.req_id, e.code, hw, start, b"", None)
+            return answer, News(0, hw, -1, start, e.code)
+        data = found.data
+        records = data.slice.read() if data is not None and data.slice is not None else b""
+        hw, start = partition.high_watermark, partition.log_start_offset
+        answer = FetchResp(pid, req.req_id, NO_ERROR, hw, start, records, found.diverging)
+        news = News(
+            len(records),
+            hw,
+            partition.last_stable_offset,
+            start,
+            NO_ERROR,
+            found.diverging is not None,
+        )
+        return answer, news
+
     # -- a broker: the leader's side -------------------------------------------------------
     def _serve_fetch(self, broker: SimBroker, msg: Msg, req: FetchReq, *, may_park: bool) -> None:
         """broker/handlers/fetch.py: read_for_follower; nothing to send is long-polled."""
@@ -1169,6 +1486,9 @@ class Simulation:
             msg = broker.parked.pop(token)
             if isinstance(msg.payload, FetchReq):
                 self._serve_fetch(broker, msg, msg.payload, may_park=False)
+        for token, parked in broker.session_parked.items():
+            if pid in parked.pids:  # woken as the purgatory wakes it: on the loop's next turn
+                self._timer(broker, self.now, SESSION_WAKE, token=token)
 
     def _serve_produce(self, broker: SimBroker, msg: Msg, req: ProduceReq) -> None:
         partition = broker.partitions.get(req.pid)
@@ -1292,6 +1612,8 @@ class Simulation:
         """Start the broker's process: open its logs (recovering them), start its timers."""
         broker.incarnation += 1
         broker.up = True
+        if self.config.fetch_sessions:
+            broker.sessions = FetchSessionCache(SessionLimits(), self._next_id)
         for pid, state in enumerate(self.controller.partitions):
             if broker.broker_id in state.replicas:
                 self._open_partition(broker, pid)

@@ -209,6 +209,7 @@ def test_an_incremental_answer_carries_only_partitions_with_news() -> None:
         (News(0, 11, 11, 3), True),  # the log start moved
         (News(0, 11, 12, 3), True),  # the last stable offset moved
         (News(0, 11, 12, 3, diverging=True), True),
+        (News(0, 11, 12, 3), True),  # a diverging answer's HW is not heard (below)
         (News(0, 11, 12, 3), False),
     ]
     epoch = 2
@@ -230,6 +231,20 @@ def test_an_error_is_always_answered_and_its_partition_again_once_it_clears() ->
     # The error clears with the very offsets heard before it: still news.
     assert answered(cache.begin(request(session, 3), 0), [QUIET]).include == (True,)
     assert answered(cache.begin(request(session, 4), 0), [QUIET]).include == (False,)
+
+
+def test_after_a_diverging_epoch_the_high_watermark_is_said_again() -> None:
+    """A follower truncating on a diverging epoch does not take that answer's HW, so the
+    session must not count it as heard: an idle partition would otherwise never tell the
+    follower its HW (found by the replication simulation with fetch sessions, seed 5)."""
+    cache = make_cache()
+    session = open_session(cache, {A: at(12)})
+    diverging = News(0, 10, 10, 0, diverging=True)
+    assert answered(cache.begin(request(session, 1), 0), [diverging]).include == (True,)
+    # The follower truncated to 10 and names its new position; nothing else changed.
+    truncated = cache.begin(request(session, 2, {A: at(10)}), 0)
+    assert answered(truncated, [QUIET]).include == (True,)  # HW 10, said again
+    assert answered(cache.begin(request(session, 3), 0), [QUIET]).include == (False,)
 
 
 def test_answered_partitions_move_to_the_end_of_the_session() -> None:

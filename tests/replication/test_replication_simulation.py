@@ -23,6 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker import fetch_session
+from broker.fetch_session import News
+from broker.protocol import ErrorCode
 from controller import elections
 from controller import records as rec
 from controller.brokers import register_broker
@@ -46,6 +49,7 @@ from storage.errors import InconsistentLogError
 from storage.log import Log
 
 CHUNK = 10
+SESSIONS = SimConfig(brokers=4, partitions=6, replication_factor=3, fetch_sessions=True)
 # Seeds 2, 8 and 9 of "3-brokers" found a lost-ack bug (a leader whose AlterPartition answer
 # was lost dropped its pending ISR while the controller had committed it; see
 # broker/alter_partition.py): they run with the others, as the regression test.
@@ -58,6 +62,10 @@ SHAPES = {
     # the active controller fails over too: no controller for a while, then every
     # session starts afresh (a dead broker stays unfenced a full session timeout longer)
     "failovers": (SimConfig(partitions=2, controller_failover_weight=3), 10),
+    # followers fetch in sessions, as the brokers do: a fetcher per leader, quiet partitions
+    # watched and skipped. Seeds 5, 31, 53, 73, 74, 78 and 81 found a session that counted a
+    # diverging answer's HW as heard (broker/fetch_session.py): they run with the others
+    "sessions": (SESSIONS, 20),
 }
 
 
@@ -145,6 +153,31 @@ def test_a_leader_committing_without_its_followers_is_caught_with_its_seed(
         assert failure.seed == seed and text.startswith(f"seed {seed} at t=")
         assert f"run_seed({seed}, SimConfig(safety_ms=8000), trace=True)" in failure.replay
         assert "trace (most recent last)" in text and "controller v" in text
+
+
+def test_sessions_skip_quiet_partitions_and_keep_every_follower_in_step() -> None:
+    """With fetch sessions, most fetches skip partitions their session watches as quiet; the
+    runs still converge (every replica in the ISR, the HWs equal) and lose nothing."""
+    skipped = sum(run_seed(seed, SESSIONS).quiet_skips for seed in (5, 31))
+    assert skipped > 500, f"only {skipped} partitions skipped as quiet: watches not exercised"
+
+
+def test_a_session_taking_a_diverging_answer_s_hw_as_heard_is_caught_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session rule before the fix: a diverging answer's HW counted as heard, though the
+    truncating follower does not take it; an idle partition's follower then never hears its
+    HW again, and the run does not settle."""
+
+    def old_rule(self: Any, news: News) -> None:
+        self.high_watermark = -1 if news.error_code != ErrorCode.NONE else news.high_watermark
+        self.last_stable_offset = news.last_stable_offset
+        self.log_start_offset = news.log_start_offset
+
+    monkeypatch.setattr(fetch_session._Cached, "heard", old_rule)
+    with pytest.raises(SimulationFailure, match="not settled") as caught:
+        run_seed(5, SESSIONS)
+    assert "fetch_sessions=True" in caught.value.replay
 
 
 POWER_LOSS = SimConfig(
