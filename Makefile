@@ -47,6 +47,7 @@ bench: install
 	$(PY) -m bench.produce_consume
 	$(PY) -m bench.idle_partitions
 	$(PY) -m bench.isr_rejoin
+	$(PY) -m bench.fetch_session_walk
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -48,7 +48,10 @@ changes; the session ends it when the partition is named anew or forgotten, when
 goes, and for all its partitions every ``QUIET_RECHECK_MS``. Until it ends, the watch says
 the follower fetched at the session's latest fetch (``last_fetch_ms``); after, at the last
 fetch it covered. A fetch parked by the handler hears of its session's watched partitions
-through ``IncrementalFetch.parked``.
+through ``IncrementalFetch.parked``. The session keeps its unwatched partitions apart
+(``_Session.unwatched``, in the order fetches read them; a partition whose watch ends goes to
+the end), so a fetch walks those alone and costs what changed, not the session's size
+(``bench.fetch_session_walk``).
 
 Bounds. At most ``max_sessions`` sessions (Kafka's max.incremental.fetch.session.cache.slots)
 holding at most ``max_partitions`` partitions in all. A session unused for ``expiry_ms`` is
@@ -229,6 +232,7 @@ class _Watch:
         if session.quiet.get(self.key) is not self:
             return  # ended, or replaced by a newer watch
         del session.quiet[self.key]
+        session.unwatched[self.key] = None
         if session.poke is not None and (appended_bytes > 0 or leadership):
             session.poke(self.key, -1 if leadership else appended_bytes)
 
@@ -243,6 +247,9 @@ class _Session:
     # A follower's session: the partitions it watches as quiet, skipped by its fetches
     # (``IncrementalFetch.skip_quiet``), and since when none was looked at afresh.
     quiet: dict[PartitionKey, _Watch] = field(default_factory=dict)
+    # The others (every key of ``partitions`` is in one of the two), in the order fetches
+    # read them: a fetch walks these alone, so it costs what changed, not the session's size.
+    unwatched: dict[PartitionKey, None] = field(default_factory=dict)
     quiet_since_ms: int = 0
     # While a fetch of the session is parked: feeds it as ``FetchPurgatory.notify`` would
     # (bytes appended to a watched partition; -1: a leadership change).
@@ -257,28 +264,33 @@ class _Session:
     ) -> None:
         """Kafka's order: add or update what is named, then remove what is forgotten. Named
         or forgotten partitions are no longer watched (a new position is read afresh)."""
-        partitions, quiet = self.partitions, self.quiet
+        partitions, quiet, unwatched = self.partitions, self.quiet, self.unwatched
         for key, position in named.items():
             cached = partitions.get(key)
             if cached is None:
                 partitions[key] = _Cached(position)
+                unwatched[key] = None
             else:
                 cached.position = position
-            if quiet:
-                self.unwatch(key)
+                if quiet:
+                    self.unwatch(key)
         for key in forgotten:
-            partitions.pop(key, None)
-            if quiet:
-                self.unwatch(key)
+            if partitions.pop(key, None) is not None:
+                watch = quiet.pop(key, None)
+                if watch is not None:
+                    watch.end()
+                unwatched.pop(key, None)
 
     def unwatch(self, key: PartitionKey) -> None:
         watch = self.quiet.pop(key, None)
         if watch is not None:
             watch.end()
+            self.unwatched[key] = None
 
     def unwatch_all(self) -> None:
-        for watch in self.quiet.values():
+        for key, watch in self.quiet.items():
             watch.end()
+            self.unwatched[key] = None
         self.quiet.clear()
 
 
@@ -355,16 +367,17 @@ class IncrementalFetch:
         to start) says False. A True must mean the partition has no news, ``quiet`` did
         what reading it would have (a follower's position noted), and the partition holds
         the watch, which tells when that ends (``replication.partition.QuietWatch``). Each
-        call starts again from the whole session."""
+        call starts again from every partition the session does not watch; the watched
+        ones are not visited at all."""
         session = self.session
-        watched = session.quiet
+        watched, unwatched, partitions = session.quiet, session.unwatched, session.partitions
         chosen = []
-        for key, cached in session.partitions.items():
-            if key in watched:
-                continue
+        for key in list(unwatched):
+            cached = partitions[key]
             watch = _Watch(session, key)
             if quiet(key, cached, watch):
                 watched[key] = watch
+                del unwatched[key]
             else:
                 chosen.append((key, cached.position))
         self._partitions = chosen
@@ -393,7 +406,7 @@ class IncrementalFetch:
             # sending twice): this one's answer would tell it news twice, or never.
             return SessionAnswer(ErrorCode.INVALID_FETCH_SESSION_EPOCH, session.id, ())
         include = []
-        partitions = session.partitions
+        partitions, unwatched = session.partitions, session.unwatched
         for (key, _), said in zip(self.partitions, news, strict=True):
             cached = partitions.get(key)
             answer = cached is not None and cached.must_answer(said)
@@ -401,6 +414,9 @@ class IncrementalFetch:
                 cached.heard(said)
                 del partitions[key]
                 partitions[key] = cached  # to the end of the session's order
+                if key in unwatched:
+                    del unwatched[key]
+                    unwatched[key] = None
             include.append(answer)
         return SessionAnswer(ErrorCode.NONE, session.id, tuple(include))
 
@@ -500,6 +516,7 @@ class FetchSessionCache:
             cached = _Cached(position)
             cached.heard(said)
             session.partitions[key] = cached
+            session.unwatched[key] = None
         lane = self._lanes[privileged]
         lane.sessions[session.id] = session
         lane.partitions += len(session.partitions)

@@ -5,6 +5,7 @@ incremental response carries, and the bounds (slots, partitions, expiry, evictio
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -361,3 +362,43 @@ def test_limits_are_checked() -> None:
 def test_the_session_modules_are_pure() -> None:
     banned = {"asyncio", "grpc", "socket", "threading", "time", "random", "os"}
     assert_imports_none_of(["broker/fetch_session.py", "broker/fetch_session_client.py"], banned)
+
+
+# -- watches (a follower's session) -------------------------------------------------------------
+
+
+def test_random_watch_histories_read_exactly_the_unwatched_partitions() -> None:
+    """Over random histories of a follower session (named, forgotten and answered
+    partitions, quiet checks that start watches, watches disturbed, the recheck), each
+    fetch reads exactly the partitions its session does not watch and that are not quiet
+    now, and every partition of the session is either watched or in the walk, never both
+    (the walk visits the unwatched ones only)."""
+    keys_all = [("t", i) for i in range(12)]
+    for seed in range(60):
+        rng = random.Random(seed)
+        cache = make_cache()
+        session_id = open_session(cache, {k: at(10) for k in keys_all[:6]})
+        epoch, now = 1, 0
+        for _ in range(80):
+            now += rng.choice((1, 10, 400))
+            present = set(cache._sessions[session_id].partitions)
+            named = {k: at(rng.randint(10, 12)) for k in rng.sample(keys_all, rng.randint(0, 3))}
+            gone = tuple(k for k in present - set(named) if rng.random() < 0.05)
+            context = cache.begin(request(session_id, epoch, named, gone), now)
+            assert isinstance(context, IncrementalFetch), (seed, context)
+            session = context.session
+            watched_before = set(session.quiet)
+            quiet_now = {k for k in session.partitions if rng.random() < 0.6}
+            context.skip_quiet(lambda key, heard, watch, quiet=quiet_now: key in quiet)
+            read = set(keys(context))
+            expected = set(session.partitions) - watched_before - quiet_now
+            assert read == expected, (seed, read, expected)
+            assert set(session.quiet) | set(session.unwatched) == set(session.partitions)
+            assert not set(session.quiet) & set(session.unwatched)
+            for watch in list(session.quiet.values()):
+                if rng.random() < 0.2:  # the partition changed
+                    watch.disturbed(rng.choice((0, 100)), rng.random() < 0.1)
+            assert set(session.quiet) | set(session.unwatched) == set(session.partitions)
+            news = [News(rng.choice((0, 0, 50)), 10, 10, 0) for _ in context.partitions]
+            assert answered(context, news, now).error_code == ErrorCode.NONE
+            epoch = next_epoch(epoch)
