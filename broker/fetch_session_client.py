@@ -14,6 +14,12 @@ request's session fields:
   no longer wanted. A partition not named is fetched by the leader from the position it
   holds, and an answer that leaves a partition out means it has no news.
 
+A client that knows which partitions may have changed since its last request builds the
+next one from those alone: ``full_next`` says whether it must be a full one (then ``build``
+with every wanted partition), and ``build_changes(changed, gone)`` makes an incremental one
+from the positions of the partitions that may have changed and those no longer wanted; it is
+the request ``build`` would make from the whole map, at the cost of what changed.
+
 ``handle_response(error_code, session_id)`` reads the answer: a session error
 (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, or any other top-level error)
 returns False and makes the next request full; a full answer with a session id opens the
@@ -28,7 +34,7 @@ was handled (or ``reset`` called).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from broker.fetch_session import (
@@ -39,6 +45,7 @@ from broker.fetch_session import (
     next_epoch,
 )
 from broker.protocol import ErrorCode
+from storage.errors import invariant
 
 __all__ = ["FetchSessionClient", "SessionFetch"]
 
@@ -73,6 +80,28 @@ class FetchSessionClient:
         changed = {k: p for k, p in wanted.items() if previous.get(k) != p}
         forgotten = [k for k in previous if k not in wanted]
         return SessionFetch(self.session_id, self.epoch, changed, forgotten)
+
+    @property
+    def full_next(self) -> bool:
+        """Whether the next request must be a full one (``build`` with every partition)."""
+        return self.epoch == INITIAL_EPOCH
+
+    def build_changes(
+        self, changed: Mapping[PartitionKey, FetchPosition], gone: Iterable[PartitionKey]
+    ) -> SessionFetch:
+        """The next, incremental, request from what may have changed: ``changed`` the
+        wanted partitions whose position may differ from the one last sent (new ones too),
+        ``gone`` those no longer wanted. Every other partition must be wanted at the
+        position last sent. Only while ``full_next`` is False."""
+        invariant(not self.full_next, "a full request needs every partition: build()")
+        self._last_full = False
+        sent = self._sent
+        named = {}
+        for key, position in changed.items():
+            if sent.get(key) != position:
+                sent[key] = named[key] = position
+        forgotten = [key for key in gone if sent.pop(key, None) is not None]
+        return SessionFetch(self.session_id, self.epoch, named, forgotten)
 
     def handle_response(self, error_code: int, session_id: int) -> bool:
         """Take the answer's top-level fields; False if it is a session error (nothing in

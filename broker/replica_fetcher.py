@@ -15,7 +15,11 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    another leader, or resting after an error). The leader still fetches every partition of
    the session, so idle ones keep reporting this follower's position. A position is read
    from the log again only after an answer for its partition was applied or the partition
-   rested, and at least every ``POSITION_REFRESH_S`` (the log start moves by retention);
+   rested, and at least every ``POSITION_REFRESH_S`` (the log start moves by retention).
+   An incremental request looks only at the partitions that may have changed since the
+   last one (followed, unfollowed, an answer applied, a rest begun or ended, all of them at
+   a refresh; ``FetchSessionClient.build_changes``), so it costs what changed, not how many
+   partitions are followed; a full one looks at every partition;
 2. sends it over its own connection to the leader's listener (the address from the metadata
    image) and waits: the leader long-polls up to ``replica_fetch_wait_max_ms``, answering as
    soon as it appends;
@@ -106,7 +110,9 @@ class FetcherConfig:
 class _Followed:
     partition: Partition
     leader_epoch: int  # the epoch it follows; an answer for another is dropped
-    rest_until: float = 0.0  # monotonic seconds
+    # The requests built before this one followed the partition: an answer to any of them
+    # is not for it (it was followed anew since).
+    since: int = 0
     # The position last sent, kept until an answer is applied or the partition rests: the
     # log end and last epoch change only then (``POSITION_REFRESH_S``: the log start also
     # moves by retention, behind the fetcher's back).
@@ -165,13 +171,23 @@ class ReplicaFetcher:
         self.bytes_appended = 0
         self.truncations = 0
         self.session = FetchSessionClient()
+        # What the next incremental request must look at: partitions followed or unfollowed,
+        # whose answer was applied, that began or ended a rest (all of them at a refresh).
+        # The others are fetched from the positions last sent, so a request costs what
+        # changed, not how many partitions are followed.
+        self._dirty: set[PartitionKey] = set()
+        self._resting: dict[PartitionKey, float] = {}  # until when (monotonic seconds)
+        self._requests = 0  # built so far
         self._wanted = asyncio.Event()
         self._connection: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._positions_read = 0.0  # monotonic seconds: when every position was read afresh
 
     def add(self, partition: Partition) -> None:
-        self.followed[partition.key] = _Followed(partition, partition.leader_epoch)
+        key = partition.key
+        self.followed[key] = _Followed(partition, partition.leader_epoch, self._requests)
+        self._resting.pop(key, None)
+        self._dirty.add(key)
         self._wanted.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
@@ -179,7 +195,9 @@ class ReplicaFetcher:
             )
 
     def remove(self, key: PartitionKey) -> None:
-        self.followed.pop(key, None)
+        if self.followed.pop(key, None) is not None:
+            self._resting.pop(key, None)
+            self._dirty.add(key)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -193,13 +211,12 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         backoff_s = MIN_RECONNECT_BACKOFF_S
         while True:
-            ready = self._ready()
-            if not ready:
+            if not self._any_ready():
                 await self._idle()
                 continue
             try:
                 connection = await self._connect()
-                response = await self._fetch(connection, ready)
+                response = await self._fetch(connection)
             except (OSError, EOFError, TimeoutError, ProtocolError) as e:
                 _log.info(
                     "fetch from broker %d failed: %r; again in %.2f s", self.leader_id, e, backoff_s
@@ -210,11 +227,17 @@ class ReplicaFetcher:
                 continue
             backoff_s = MIN_RECONNECT_BACKOFF_S
             self.fetches += 1
-            self._handle(response, ready)
+            self._handle(response, self._requests)
 
-    def _ready(self) -> list[_Followed]:
-        now = time.monotonic()
-        return [f for f in self.followed.values() if f.rest_until <= now]
+    def _any_ready(self) -> bool:
+        """Whether a partition is followed and not resting (rests that ended are over)."""
+        resting = self._resting
+        if resting:
+            now = time.monotonic()
+            for key in [k for k, until in resting.items() if until <= now]:
+                del resting[key]
+                self._dirty.add(key)
+        return len(self.followed) > len(resting)
 
     async def _idle(self) -> None:
         """Nothing to fetch now: wait for a new partition or the end of the shortest rest.
@@ -223,7 +246,7 @@ class ReplicaFetcher:
         if not self.followed:
             self._disconnect()
         self._wanted.clear()
-        rests = [f.rest_until for f in self.followed.values()]
+        rests = self._resting.values()
         timeout = max(0.0, min(rests) - time.monotonic()) if rests else None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wanted.wait(), timeout)
@@ -242,15 +265,29 @@ class ReplicaFetcher:
             self._connection.close()
             self._connection = None
 
-    async def _fetch(self, connection: _Connection, ready: list[_Followed]) -> Any:
+    async def _fetch(self, connection: _Connection) -> Any:
         config = self.config
         now = time.monotonic()
         if now - self._positions_read >= POSITION_REFRESH_S:
             self._positions_read = now
             for followed in self.followed.values():
                 followed.position = None
-        wanted = {f.partition.key: self._position(f) for f in ready}
-        request = self.session.build(wanted)
+            self._dirty.update(self.followed)
+        following, resting, read = self.followed, self._resting, self._position
+        self._requests += 1
+        if self.session.full_next:
+            wanted = {k: read(f) for k, f in following.items() if k not in resting}
+            request = self.session.build(wanted)
+        else:
+            changed, gone = {}, []
+            for key in self._dirty:
+                f = following.get(key)
+                if f is None or key in resting:
+                    gone.append(key)
+                else:
+                    changed[key] = read(f)
+            request = self.session.build_changes(changed, gone)
+        self._dirty.clear()
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, index), position in request.partitions.items():
             topics.setdefault(topic, []).append(
@@ -299,9 +336,9 @@ class ReplicaFetcher:
         return position
 
     # -- answers ---------------------------------------------------------------------------
-    def _handle(self, response: Any, asked: list[_Followed]) -> None:
-        """``asked``: every partition of the session (an incremental answer may leave any
-        out: no news)."""
+    def _handle(self, response: Any, request: int) -> None:
+        """The answer to request number ``request`` (an incremental answer may leave any
+        partition out: no news)."""
         code = response.error_code
         if not self.session.handle_response(code, response.session_id):
             if code in _SESSION_ERRORS:  # the next fetch is full, at once
@@ -309,17 +346,16 @@ class ReplicaFetcher:
                 _log.info("fetch from broker %d: session error %d", self.leader_id, code)
                 return
             _log.warning("fetch from broker %d: error %d", self.leader_id, code)
-            self._rest_all(asked)
+            self._rest_all()
             return
         if not response.responses:
             return  # no news anywhere (an idle session's usual answer)
-        sent = {f.partition.key: f for f in asked}
         for topic in response.responses:
             for answer in topic.partitions:
                 key = (topic.topic, answer.partition_index)
-                followed = sent.get(key)
-                if followed is None or self.followed.get(key) is not followed:
-                    continue  # unfollowed or followed anew since the request: dropped
+                followed = self.followed.get(key)
+                if followed is None or followed.since >= request or key in self._resting:
+                    continue  # unfollowed, followed anew or resting since the request: dropped
                 if not self._still_following(followed):
                     continue  # a newer leader or epoch in the image: dropped
                 try:
@@ -339,6 +375,7 @@ class ReplicaFetcher:
     def _apply(self, followed: _Followed, answer: Any) -> None:
         partition = followed.partition
         followed.position = None  # whatever the answer does, read the position afresh
+        self._dirty.add(partition.key)
         diverging = getattr(answer, "diverging_epoch", None)
         if diverging is not None and diverging.epoch < 0 and diverging.end_offset < 0:
             diverging = None  # the tagged field's default: no divergence
@@ -377,12 +414,15 @@ class ReplicaFetcher:
         )
 
     def _rest(self, followed: _Followed) -> None:
-        followed.rest_until = time.monotonic() + self.config.fetch_backoff_ms / 1000
+        key = followed.partition.key
+        self._resting[key] = time.monotonic() + self.config.fetch_backoff_ms / 1000
+        self._dirty.add(key)
         followed.position = None
 
-    def _rest_all(self, asked: list[_Followed]) -> None:
-        for followed in asked:
-            self._rest(followed)
+    def _rest_all(self) -> None:
+        for key, followed in self.followed.items():
+            if key not in self._resting:
+                self._rest(followed)
 
 
 class ReplicaFetcherManager:

@@ -237,7 +237,7 @@ def test_an_error_is_always_answered_and_its_partition_again_once_it_clears() ->
 def test_after_a_diverging_epoch_the_high_watermark_is_said_again() -> None:
     """A follower truncating on a diverging epoch does not take that answer's HW, so the
     session must not count it as heard: an idle partition would otherwise never tell the
-    follower its HW (found by the replication simulation with fetch sessions, seed 5)."""
+    follower its HW (found by the replication simulation with fetch sessions)."""
     cache = make_cache()
     session = open_session(cache, {A: at(12)})
     diverging = News(0, 10, 10, 0, diverging=True)

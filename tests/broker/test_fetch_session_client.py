@@ -138,3 +138,45 @@ def test_a_session_s_life_with_the_leader() -> None:
         answer = context.finish([News(0, 0, 0, 0)] * len(context.partitions), 0)
         assert client.handle_response(answer.error_code, answer.session_id)
     assert (client.session_id, client.epoch, cache.size) == (1, 4, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps, st.integers(0, 2**32))
+def test_a_request_built_from_what_changed_is_the_one_built_from_everything(
+    history: list[Step], seed: int
+) -> None:
+    """``build_changes`` (what broker/replica_fetcher.py sends: the positions of the
+    partitions that may have changed, and those no longer wanted) makes the same request as
+    ``build`` of the whole wanted map, through the same history of answers and failures;
+    and the leader fetches exactly what is wanted."""
+    rng = random.Random(seed)
+    cache = FetchSessionCache(SessionLimits(), lambda: rng.randint(1, 2**31 - 1))
+    whole, by_changes = FetchSessionClient(), FetchSessionClient()
+    before: dict[PartitionKey, FetchPosition] = {}
+    for now_ms, (fate, wanted) in enumerate(history):
+        expected = whole.build(wanted)
+        if by_changes.full_next:
+            sent = by_changes.build(wanted)
+        else:
+            # Some unchanged partitions are said to have changed too, as a refresh does.
+            changed = {k: p for k, p in wanted.items() if before.get(k) != p or rng.random() < 0.3}
+            gone = [k for k in before if k not in wanted] + [k for k in KEYS if rng.random() < 0.1]
+            sent = by_changes.build_changes(changed, [k for k in gone if k not in wanted])
+        assert sent._replace(forgotten=sorted(sent.forgotten)) == expected._replace(
+            forgotten=sorted(expected.forgotten)
+        ), (sent, expected)
+        before = dict(wanted)
+        request = SessionRequest(
+            sent.session_id, sent.epoch, 2, dict(sent.partitions), tuple(sent.forgotten)
+        )
+        context = cache.begin(request, now_ms)
+        answer = context.finish([News(0, 0, 0, 0)] * len(context.partitions), now_ms)
+        if answer.error_code == ErrorCode.NONE:
+            assert dict(context.partitions) == wanted, (sent, context)
+        for client in (whole, by_changes):
+            if fate == "lost":
+                client.reset()
+            else:
+                client.handle_response(answer.error_code, answer.session_id)
+        if fate == "evicted" and by_changes.session_id != NO_SESSION:
+            cache.begin(SessionRequest(by_changes.session_id, -1, 2, {}), now_ms)  # closed

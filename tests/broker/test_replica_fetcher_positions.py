@@ -107,8 +107,8 @@ def test_positions_are_read_after_answers_and_refreshed_for_retention(
         connection = _Connection()
 
         async def fetch_once() -> dict[str, Any]:
-            ready = fetcher._ready()
-            fetcher._handle(await fetcher._fetch(connection, ready), ready)
+            response = await fetcher._fetch(connection)
+            fetcher._handle(response, fetcher._requests)
             return connection.bodies[-1]
 
         assert named(await fetch_once()) == {0: (0, 0), 1: (0, 0)}  # full: opens the session
@@ -128,5 +128,70 @@ def test_positions_are_read_after_answers_and_refreshed_for_retention(
         assert named(await fetch_once()) == {}
         monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 0.0)
         assert named(await fetch_once()) == {0: (2, 1)}
+
+    asyncio.run(main())
+
+
+def forgotten(body: dict[str, Any]) -> list[int]:
+    return [i for t in body["forgotten_topics_data"] for i in t["partitions"]]
+
+
+def test_a_request_looks_only_at_what_changed_and_rests_are_forgotten_then_named_again(
+    followers: list[Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An incremental request is built from the partitions that changed since the last one
+    (followed, unfollowed, applied, rested, a rest over), not from every partition: a
+    partition that rests after an error is forgotten, and named again once its rest ends;
+    one unfollowed is forgotten; one followed anew is named, and an answer to a request
+    sent before it was followed is not applied to it."""
+    monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
+    looked: list[int] = []
+    real = ReplicaFetcher._position
+
+    def counted(self: ReplicaFetcher, followed: _Followed) -> Any:
+        looked.append(followed.partition.partition_id)
+        return real(self, followed)
+
+    monkeypatch.setattr(ReplicaFetcher, "_position", counted)
+
+    async def main() -> None:
+        config = FetcherConfig(broker_id=ME, fetch_backoff_ms=50)
+        fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
+        for p in followers:
+            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        connection = _Connection()
+
+        async def fetch_once() -> dict[str, Any]:
+            assert fetcher._any_ready()
+            response = await fetcher._fetch(connection)
+            fetcher._handle(response, fetcher._requests)
+            return connection.bodies[-1]
+
+        assert named(await fetch_once()) == {0: (0, 0), 1: (0, 0)}
+        looked.clear()
+        for _ in range(3):
+            assert named(await fetch_once()) == {}
+        assert looked == [], "an idle request looked at every partition"
+        failing = _PartitionAnswer(1, b"", -1)
+        failing.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+        connection.answer = _Answer([failing])
+        await fetch_once()  # partition 1 rests
+        connection.answer = _Answer([])
+        body = await fetch_once()
+        assert (named(body), forgotten(body)) == ({}, [1])
+        await asyncio.sleep(0.06)  # the rest ends
+        assert named(await fetch_once()) == {1: (0, 0)}
+        fetcher.remove(followers[0].key)
+        body = await fetch_once()
+        assert (named(body), forgotten(body)) == ({}, [0])
+        # Followed anew while a request is out: the answer to that request is not for it.
+        built = fetcher._requests
+        fetcher.followed[followers[0].key] = _Followed(
+            followers[0], followers[0].leader_epoch, built
+        )
+        fetcher._handle(_Answer([_PartitionAnswer(0, make_batch([b"x"]), 1)]), built)
+        assert followers[0].log.log_end_offset == 0
+        fetcher._dirty.add(followers[0].key)
+        assert named(await fetch_once()) == {0: (0, 0)}
 
     asyncio.run(main())
