@@ -660,18 +660,22 @@ class Fetching:
     # With ``fetch_sessions``: the position last sent (read afresh after an answer for the
     # partition was applied, a rest, or POSITION_REFRESH_MS), and the end of a rest.
     position: FetchPosition | None = None
-    rest_until: int = 0
+    rest_until: int = 0  # 0: not resting
+    since: int = 0  # the requests its fetcher had built when it began to follow
 
 
 @dataclass(slots=True)
 class Fetcher:
     """With ``fetch_sessions``: a follower's fetcher of one leader (broker/replica_fetcher.py):
-    its session, the request in flight (0: none) and the generation of each partition it
-    asked for (an answer for a partition followed anew since is dropped)."""
+    its session, the request in flight (0: none) and its number among the requests built
+    (an answer is not for a partition followed anew since), and the partitions that may
+    have changed since the last request (an incremental one looks at those alone)."""
 
     client: FetchSessionClient = field(default_factory=FetchSessionClient)
     in_flight: int = 0
-    asked: dict[int, int] = field(default_factory=dict)
+    requests: int = 0
+    asked: int = 0
+    dirty: set[int] = field(default_factory=set)
     positions_read_ms: int = -POSITION_REFRESH_MS
 
 
@@ -1099,15 +1103,20 @@ class Simulation:
         """Parked fetches answer now; a follower (again, or of a new leader or epoch) fetches
         from its leader, a leader from nobody."""
         self._wake_parked(broker, pid)
+        before = broker.fetching.pop(pid, None)
+        if before is not None and before.leader in broker.fetchers:  # unfollowed there
+            broker.fetchers[before.leader].dirty.add(pid)
         if partition.role is Role.FOLLOWER and partition.leader_id >= 0:
-            gen = self._next_id()
-            broker.fetching[pid] = Fetching(partition.leader_id, partition.leader_epoch, gen)
+            gen, leader = self._next_id(), partition.leader_id
+            fetching = Fetching(leader, partition.leader_epoch, gen)
+            broker.fetching[pid] = fetching
             if self.config.fetch_sessions:
-                self._timer(broker, self.now, FETCHER, partition.leader_id)
+                fetcher = broker.fetchers.setdefault(leader, Fetcher())
+                fetcher.dirty.add(pid)
+                fetching.since = fetcher.requests
+                self._timer(broker, self.now, FETCHER, leader)
             else:
                 self._timer(broker, self.now, FETCH, pid, gen)
-        else:
-            broker.fetching.pop(pid, None)
 
     # -- a broker: timers ------------------------------------------------------------------
     def _on_timer(self, timer: Timer) -> None:
@@ -1243,7 +1252,11 @@ class Simulation:
         if not followed:  # following nothing there: the connection, and the session, go
             del broker.fetchers[leader]
             return
-        ready = {pid: f for pid, f in followed.items() if f.rest_until <= self.now}
+        for pid, f in followed.items():
+            if f.rest_until and f.rest_until <= self.now:  # the rest is over
+                f.rest_until = 0
+                fetcher.dirty.add(pid)
+        ready = {pid: f for pid, f in followed.items() if not f.rest_until}
         if not ready:
             until = min(f.rest_until for f in followed.values())
             self._timer(broker, until, FETCHER, leader)
@@ -1252,11 +1265,23 @@ class Simulation:
             fetcher.positions_read_ms = self.now
             for f in followed.values():
                 f.position = None
-        wanted = {(TOPIC, pid): self._position(broker, pid, f) for pid, f in ready.items()}
-        request = fetcher.client.build(wanted)
+            fetcher.dirty.update(followed)
+        fetcher.requests += 1
+        if fetcher.client.full_next:
+            wanted = {(TOPIC, pid): self._position(broker, pid, f) for pid, f in ready.items()}
+            request = fetcher.client.build(wanted)
+        else:  # from what changed alone, as the real fetcher builds it
+            changed, gone = {}, []
+            for pid in fetcher.dirty:
+                wanted_now = ready.get(pid)
+                if wanted_now is None:
+                    gone.append((TOPIC, pid))
+                else:
+                    changed[TOPIC, pid] = self._position(broker, pid, wanted_now)
+            request = fetcher.client.build_changes(changed, gone)
+        fetcher.dirty.clear()
         req_id = self._next_id()
-        fetcher.in_flight = req_id
-        fetcher.asked = {pid: f.gen for pid, f in ready.items()}
+        fetcher.in_flight, fetcher.asked = req_id, fetcher.requests
         fetch = SessionFetchReq(
             broker.broker_id,
             req_id,
@@ -1299,14 +1324,15 @@ class Simulation:
         fetcher.in_flight = 0
         if not fetcher.client.handle_response(answer.error, answer.session_id):
             if answer.error not in SESSION_ERRORS:
-                for pid in fetcher.asked:
-                    self._rest(broker, pid)
+                for pid, asked in list(broker.fetching.items()):
+                    if asked.leader == leader and not asked.rest_until:
+                        self._rest(broker, pid)
             self._timer(broker, self.now, FETCHER, leader)
             return
         for part in answer.answers:
             fetching = broker.fetching.get(part.pid)
-            if fetching is None or fetcher.asked.get(part.pid) != fetching.gen:
-                continue  # unfollowed, or followed anew, since the request
+            if fetching is None or fetching.since >= fetcher.asked or fetching.rest_until:
+                continue  # unfollowed, followed anew or resting since the request
             partition = broker.partitions[part.pid]
             if not (
                 partition.role is Role.FOLLOWER
@@ -1315,6 +1341,7 @@ class Simulation:
             ):
                 continue  # a newer leader or epoch in the image: dropped
             fetching.position = None
+            fetcher.dirty.add(part.pid)
             if self._apply_answer(broker, part.pid, partition, part):
                 self._rest(broker, part.pid)
         self._timer(broker, self.now, FETCHER, leader)
@@ -1322,8 +1349,11 @@ class Simulation:
     def _rest(self, broker: SimBroker, pid: int) -> None:
         fetching = broker.fetching.get(pid)
         if fetching is not None:
-            fetching.rest_until = self.now + self.config.fetch_backoff_ms
+            fetching.rest_until = self.now + max(1, self.config.fetch_backoff_ms)
             fetching.position = None
+            fetcher = broker.fetchers.get(fetching.leader)
+            if fetcher is not None:
+                fetcher.dirty.add(pid)
 
     # -- a broker: the leader's side of fetch sessions (``fetch_sessions``) ----------------
     def _serve_session_fetch(self, broker: SimBroker, msg: Msg, req: SessionFetchReq) -> None:
@@ -1896,12 +1926,22 @@ class Simulation:
         """Kafka keeps an acknowledged record while one in-sync replica keeps its page cache;
         without fsync it promises no more (a power loss of the last one, KIP-966's subject,
         loses it in Kafka too). So a power loss strikes only a quiet cluster: no other broker
-        down, paused or still recovering from one, no network cut, no ISR change of this
-        broker's in flight, and another ISR member for each of its partitions; and no new
-        fault starts until it is back in every ISR (see ``_fault``)."""
+        down, paused or still recovering from one (restarted but not yet registered anew: the
+        controller drops such a broker from every ISR when its old registration goes, even
+        where the broker losing power would then be the last member, as seed 6088 of a
+        sessions soak with failovers showed), no network cut, no ISR change of this broker's
+        in flight, and another ISR member for each of its partitions; and no new fault
+        starts until it is back in every ISR (see ``_fault``)."""
         if self.lossy or self.blocked or broker.alter_in_flight or broker.alter_retries:
             return False
         if any(not b.up or b.paused_until > self.now for b in self.brokers.values()):
+            return False
+        registered = self.controller.brokers
+        if any(
+            registered[b.broker_id].fenced or registered[b.broker_id].incarnation != b.incarnation
+            for b in self.brokers.values()
+            if b is not broker
+        ):
             return False
         me = broker.broker_id
         return all(

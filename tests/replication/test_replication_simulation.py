@@ -63,8 +63,8 @@ SHAPES = {
     # session starts afresh (a dead broker stays unfenced a full session timeout longer)
     "failovers": (SimConfig(partitions=2, controller_failover_weight=3), 10),
     # followers fetch in sessions, as the brokers do: a fetcher per leader, quiet partitions
-    # watched and skipped. Seeds 5, 31, 53, 73, 74, 78 and 81 found a session that counted a
-    # diverging answer's HW as heard (broker/fetch_session.py): they run with the others
+    # watched and skipped. Its first runs found a session that counted a diverging answer's
+    # HW as heard (broker/fetch_session.py); of these seeds, 28 and 31 fail with that rule
     "sessions": (SESSIONS, 20),
 }
 
@@ -176,7 +176,7 @@ def test_a_session_taking_a_diverging_answer_s_hw_as_heard_is_caught_with_its_se
 
     monkeypatch.setattr(fetch_session._Cached, "heard", old_rule)
     with pytest.raises(SimulationFailure, match="not settled") as caught:
-        run_seed(5, SESSIONS)
+        run_seed(31, SESSIONS)
     assert "fetch_sessions=True" in caught.value.replay
 
 
