@@ -51,7 +51,7 @@ from replication.errors import ReplicationError
 from replication.partition import Partition, QuietWatch
 from storage.segment import FileSlice
 
-__all__ = ["fetch"]
+__all__ = ["fetch", "quiet_for_follower"]
 
 READ_COMMITTED = 1
 
@@ -122,34 +122,40 @@ def _plan(context: BrokerContext, request: Any, session: FetchContext) -> _Plan:
 def _quiet_for(
     context: BrokerContext, replica_id: int
 ) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
-    """Whether a partition of a follower's incremental fetch has no news for it: the follower
-    already heard its offsets and is caught up with nothing to move (noted as a read would;
-    ``Partition.read_for_quiet_follower``). Such a partition, usually most of a session, is
-    neither read nor answered, and the session watches it: its next fetches skip it until
-    the partition changes (``broker.fetch_session``), so a fetch costs what changed, not
-    the whole session (``bench.idle_partitions``)."""
+    """``quiet_for_follower`` of each partition, as ``IncrementalFetch.skip_quiet`` asks."""
     get, now_ms = context.replicas.get, context.replicas.clock_ms()
 
     def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
         replica = get(key[0], key[1])
-        if replica is None:
-            return False
-        position = heard.position
-        return (
-            heard.high_watermark == replica.high_watermark
-            and heard.last_stable_offset == replica.last_stable_offset
-            and heard.log_start_offset == replica.log_start_offset
-            and replica.read_for_quiet_follower(
-                replica_id,
-                position.fetch_offset,
-                last_fetched_epoch=position.last_fetched_epoch,
-                current_leader_epoch=position.current_leader_epoch,
-                now_ms=now_ms,
-                watch=watch,
-            )
-        )
+        return replica is not None and quiet_for_follower(replica, replica_id, heard, watch, now_ms)
 
     return quiet
+
+
+def quiet_for_follower(
+    replica: Partition, replica_id: int, heard: Any, watch: QuietWatch, now_ms: int
+) -> bool:
+    """Whether a partition of a follower's incremental fetch has no news for it: the follower
+    already heard its offsets (``heard``: what its session holds) and is caught up with
+    nothing to move (noted as a read would; ``Partition.read_for_quiet_follower``). Such a
+    partition, usually most of a session, is neither read nor answered, and the session
+    watches it: its next fetches skip it until the partition changes
+    (``broker.fetch_session``), so a fetch costs what changed, not the whole session
+    (``bench.idle_partitions``). The replication simulation applies the same rule."""
+    position = heard.position
+    return (
+        heard.high_watermark == replica.high_watermark
+        and heard.last_stable_offset == replica.last_stable_offset
+        and heard.log_start_offset == replica.log_start_offset
+        and replica.read_for_quiet_follower(
+            replica_id,
+            position.fetch_offset,
+            last_fetched_epoch=position.last_fetched_epoch,
+            current_leader_epoch=position.current_leader_epoch,
+            now_ms=now_ms,
+            watch=watch,
+        )
+    )
 
 
 def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:

@@ -94,6 +94,7 @@ from broker.fetch_session import (
     SessionRequest,
 )
 from broker.fetch_session_client import FetchSessionClient
+from broker.handlers.fetch import quiet_for_follower
 from broker.protocol import ErrorCode
 from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
@@ -1381,7 +1382,10 @@ class Simulation:
             context.parked(None)
             context.skip_quiet(self._quiet_for(broker, req.replica))
             self.result.quiet_skips += len(context.session.partitions) - len(context.partitions)
-        read = [self._session_read(broker, req, key[1], pos) for key, pos in context.partitions]
+        read = [
+            self._read_partition(broker, req.replica, req.req_id, key[1], position)
+            for key, position in context.partitions
+        ]
         nothing = all(not a.records and not a.error and a.diverging is None for a, _ in read)
         watching = isinstance(context, IncrementalFetch) and context.watching
         if nothing and may_park and (read or watching):
@@ -1410,41 +1414,28 @@ class Simulation:
     def _quiet_for(
         self, broker: SimBroker, replica: int
     ) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
-        """broker/handlers/fetch.py's _quiet_for: nothing new for the follower, which is
-        caught up (its fetch noted, as a read notes it), so the session may watch it."""
+        """broker/handlers/fetch.py's rule (``quiet_for_follower``), on this broker's
+        partitions at the virtual time."""
 
         def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
             partition = broker.partitions.get(key[1])
-            if partition is None:
-                return False
-            position = heard.position
-            return (
-                heard.high_watermark == partition.high_watermark
-                and heard.last_stable_offset == partition.last_stable_offset
-                and heard.log_start_offset == partition.log_start_offset
-                and partition.read_for_quiet_follower(
-                    replica,
-                    position.fetch_offset,
-                    last_fetched_epoch=position.last_fetched_epoch,
-                    current_leader_epoch=position.current_leader_epoch,
-                    now_ms=self.now,
-                    watch=watch,
-                )
+            return partition is not None and quiet_for_follower(
+                partition, replica, heard, watch, self.now
             )
 
         return quiet
 
-    def _session_read(
-        self, broker: SimBroker, req: SessionFetchReq, pid: int, position: FetchPosition
+    def _read_partition(
+        self, broker: SimBroker, replica: int, req_id: int, pid: int, position: FetchPosition
     ) -> tuple[FetchResp, News]:
-        """One partition of a session fetch, as ``_serve_fetch`` reads it, with the news it
-        tells the session."""
+        """broker/handlers/fetch.py's read of one partition for a follower (the error
+        answer of a ReplicationError), with the news it tells a session."""
         partition = broker.partitions.get(pid)
         try:
             if partition is None:
                 raise NotLeaderOrFollower(f"broker {broker.broker_id} holds no p{pid}")
             found = partition.read_for_follower(
-                req.replica,
+                replica,
                 position.fetch_offset,
                 position.max_bytes,
                 last_fetched_epoch=position.last_fetched_epoch,
@@ -1455,60 +1446,29 @@ class Simulation:
             hw = start = -1
             if partition is not None and e.code == OffsetOutOfRange.code:
                 hw, start = partition.high_watermark, partition.log_start_offset
-            answer = FetchResp(pid, req.req_id, e.code, hw, start, b"", None)
+            answer = FetchResp(pid, req_id, e.code, hw, start, b"", None)
             return answer, News(0, hw, -1, start, e.code)
         data = found.data
         records = data.slice.read() if data is not None and data.slice is not None else b""
         hw, start = partition.high_watermark, partition.log_start_offset
-        answer = FetchResp(pid, req.req_id, NO_ERROR, hw, start, records, found.diverging)
-        news = News(
-            len(records),
-            hw,
-            partition.last_stable_offset,
-            start,
-            NO_ERROR,
-            found.diverging is not None,
-        )
-        return answer, news
+        answer = FetchResp(pid, req_id, NO_ERROR, hw, start, records, found.diverging)
+        lso = partition.last_stable_offset
+        return answer, News(len(records), hw, lso, start, NO_ERROR, found.diverging is not None)
 
     # -- a broker: the leader's side -------------------------------------------------------
     def _serve_fetch(self, broker: SimBroker, msg: Msg, req: FetchReq, *, may_park: bool) -> None:
         """broker/handlers/fetch.py: read_for_follower; nothing to send is long-polled."""
-        partition = broker.partitions.get(req.pid)
-        try:
-            if partition is None:
-                raise NotLeaderOrFollower(f"broker {broker.broker_id} holds no p{req.pid}")
-            read = partition.read_for_follower(
-                req.replica,
-                req.fetch_offset,
-                self.config.fetch_max_bytes,
-                last_fetched_epoch=req.last_epoch,
-                current_leader_epoch=req.leader_epoch,
-                now_ms=self.now,
-            )
-        except ReplicationError as e:
-            self._reply(msg, self._error_answer(req, partition, e))
-            return
-        data = read.data
-        records = data.slice.read() if data is not None and data.slice is not None else b""
-        if not records and read.diverging is None and may_park:
+        position = FetchPosition(
+            req.fetch_offset, req.last_epoch, req.leader_epoch, -1, self.config.fetch_max_bytes
+        )
+        answer, _ = self._read_partition(broker, req.replica, req.req_id, req.pid, position)
+        nothing = answer.error == NO_ERROR and not answer.records and answer.diverging is None
+        if nothing and may_park:
             token = self._next_id()
             broker.parked[token] = msg
             self._timer(broker, self.now + self.config.fetch_wait_max_ms, POLL_EXPIRE, token=token)
             return
-        hw, start = partition.high_watermark, partition.log_start_offset
-        self._reply(
-            msg, FetchResp(req.pid, req.req_id, NO_ERROR, hw, start, records, read.diverging)
-        )
-
-    @staticmethod
-    def _error_answer(
-        req: FetchReq, partition: Partition | None, error: ReplicationError
-    ) -> FetchResp:
-        hw = start = -1
-        if partition is not None and error.code == OffsetOutOfRange.code:
-            hw, start = partition.high_watermark, partition.log_start_offset
-        return FetchResp(req.pid, req.req_id, error.code, hw, start, b"", None)
+        self._reply(msg, answer)
 
     def _wake_parked(self, broker: SimBroker, pid: int) -> None:
         waiting = [t for t, m in broker.parked.items() if getattr(m.payload, "pid", -1) == pid]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from broker.fetch_session import (
     SessionLimits,
     SessionRequest,
 )
-from broker.fetch_session_client import FetchSessionClient
+from broker.fetch_session_client import FetchSessionClient, SessionFetch
 from broker.protocol import ErrorCode
 
 A, B, C = ("t", 0), ("t", 1), ("u", 0)
@@ -100,6 +101,15 @@ steps = st.lists(
 )
 
 
+def exchange(cache: FetchSessionCache, sent: SessionFetch, now_ms: int) -> tuple[Any, Any]:
+    """The leader takes the request the client built and answers it with no news."""
+    request = SessionRequest(
+        sent.session_id, sent.epoch, 2, dict(sent.partitions), tuple(sent.forgotten)
+    )
+    context = cache.begin(request, now_ms)
+    return context, context.finish([News(0, 0, 0, 0)] * len(context.partitions), now_ms)
+
+
 @settings(max_examples=200, deadline=None)
 @given(steps, st.integers(0, 2**32))
 def test_the_leader_fetches_exactly_what_the_client_wants(history: list[Step], seed: int) -> None:
@@ -108,11 +118,7 @@ def test_the_leader_fetches_exactly_what_the_client_wants(history: list[Step], s
     client = FetchSessionClient()
     for now_ms, (fate, wanted) in enumerate(history):
         sent = client.build(wanted)
-        request = SessionRequest(
-            sent.session_id, sent.epoch, 2, dict(sent.partitions), tuple(sent.forgotten)
-        )
-        context = cache.begin(request, now_ms)
-        answer = context.finish([News(0, 0, 0, 0)] * len(context.partitions), now_ms)
+        context, answer = exchange(cache, sent, now_ms)
         if answer.error_code == ErrorCode.NONE:
             assert dict(context.partitions) == wanted, (sent, context)
         else:  # only a session the client did not know was gone
@@ -166,11 +172,7 @@ def test_a_request_built_from_what_changed_is_the_one_built_from_everything(
             forgotten=sorted(expected.forgotten)
         ), (sent, expected)
         before = dict(wanted)
-        request = SessionRequest(
-            sent.session_id, sent.epoch, 2, dict(sent.partitions), tuple(sent.forgotten)
-        )
-        context = cache.begin(request, now_ms)
-        answer = context.finish([News(0, 0, 0, 0)] * len(context.partitions), now_ms)
+        context, answer = exchange(cache, sent, now_ms)
         if answer.error_code == ErrorCode.NONE:
             assert dict(context.partitions) == wanted, (sent, context)
         for client in (whole, by_changes):
