@@ -16,10 +16,11 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   (AlterPartition, members' broker epochs from its own image), checks for lagging followers
   every half ``replica_lag_time_max_ms`` and checkpoints its HW; every broker heartbeats.
   With ``fetch_sessions`` a follower instead keeps one fetcher per leader, fetching all it
-  follows there in a fetch session (``broker.fetch_session_client``, positions cached as
-  the real fetcher caches them), and a leader serves it through its ``FetchSessionCache``
-  as the fetch handler does: quiet partitions watched and skipped, a parked fetch woken by
-  an append to what it read or through its session's watches.
+  follows there in a fetch session (``broker.fetch_session_client``; positions cached and
+  incremental requests built from what changed, as the real fetcher does), and a leader
+  serves it through its ``FetchSessionCache`` as the fetch handler does (its quiet rule,
+  ``quiet_for_follower``): quiet partitions watched and skipped, a parked fetch woken by an
+  append to what it read or through its session's watches.
 - Controller: ``ModelController`` holds the partition states and broker registrations and
   applies the rules of controller/elections.py and brokers.py: AlterPartition refused on a
   stale broker epoch, leader epoch or partition epoch, or a fenced / restarted member; a
