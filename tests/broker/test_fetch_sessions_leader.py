@@ -234,3 +234,18 @@ def test_a_watched_partition_s_new_log_start_reaches_the_follower_within_the_rec
         assert list(got) == [1] and got[1].log_start_offset == 2
 
     asyncio.run(main())
+
+
+def test_after_a_diverging_answer_the_session_tells_the_high_watermark_again(
+    leader: Leader,
+) -> None:
+    """A follower that truncates on a diverging epoch does not take that answer's HW, so its
+    next fetch must carry the HW even though it has not moved (found by the replication
+    simulation with fetch sessions: an idle partition's follower kept a stale HW)."""
+    leader.produce([b"a", b"b"], partition=0, acks=1)
+    session = leader.fetch(0, 0, {0: 2, 1: 0}).session_id  # caught up: the HW moves to 2
+    diverged = answers(leader.fetch(session, 1, {0: 5}))  # a log that went its own way
+    assert diverged[0].diverging_epoch.end_offset == 2 and diverged[0].high_watermark == 2
+    truncated = answers(leader.fetch(session, 2, {0: 2}))  # truncated to the leader's end
+    assert list(truncated) == [0] and truncated[0].high_watermark == 2
+    assert answers(leader.fetch(session, 3, {})) == {}  # heard now
