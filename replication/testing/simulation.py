@@ -15,12 +15,10 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   still follows the same leader at the same epoch; a leader proposes ISR changes
   (AlterPartition, members' broker epochs from its own image), checks for lagging followers
   every half ``replica_lag_time_max_ms`` and checkpoints its HW; every broker heartbeats.
-  With ``fetch_sessions`` a follower instead keeps one fetcher per leader, fetching all it
-  follows there in a fetch session (``broker.fetch_session_client``; positions cached and
-  incremental requests built from what changed, as the real fetcher does), and a leader
-  serves it through its ``FetchSessionCache`` as the fetch handler does (its quiet rule,
-  ``quiet_for_follower``): quiet partitions watched and skipped, a parked fetch woken by an
-  append to what it read or through its session's watches.
+  With ``fetch_sessions`` followers fetch in fetch sessions as the brokers do: that is
+  ``broker.testing.SessionSimulation``, a layer above (it drives the broker's own session
+  logic), built on the hooks here (``_followed``, ``_unfollowed``, ``_on_broker_message``,
+  ``_on_timer``, ``_wake_parked``, ``_open``, ``_crash``).
 - Controller: ``ModelController`` holds the partition states and broker registrations and
   applies the rules of controller/elections.py and brokers.py: AlterPartition refused on a
   stale broker epoch, leader epoch or partition epoch, or a fenced / restarted member; a
@@ -81,25 +79,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn
 
-from broker.fetch_session import (
-    NO_SESSION,
-    FetchContext,
-    FetchPosition,
-    FetchSessionCache,
-    IncrementalFetch,
-    News,
-    PartitionKey,
-    SessionLimits,
-    SessionRequest,
-)
-from broker.fetch_session_client import FetchSessionClient
-from broker.handlers.fetch import quiet_for_follower
-from broker.protocol import ErrorCode
 from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
-from replication.partition import Partition, QuietWatch, Role
+from replication.partition import Partition, Role
 from replication.testing.power_loss import lose_page_cache
 from storage.batch import BatchHeader
 from storage.config import LogConfig
@@ -179,9 +163,9 @@ class SimConfig:
     # default, leaves every seed's history as it was before failovers existed
     controller_failover_weight: int = 0
     # followers fetch as the real ones do: one fetcher per leader, in a fetch session
-    # (KIP-227) whose leader side watches quiet partitions (broker/fetch_session.py,
-    # replica_fetcher.py, handlers/fetch.py); False, the default, fetches each partition on
-    # its own and leaves every seed's history as it was before sessions were simulated
+    # (KIP-227) whose leader side watches quiet partitions; run by
+    # broker.testing.SessionSimulation (broker.testing.run_seed). False, the default,
+    # fetches each partition on its own, as before sessions were simulated
     fetch_sessions: bool = False
     # clients
     produce_interval_ms: int = 25
@@ -217,8 +201,9 @@ class SimConfig:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != f.default
         ]
+        module = "broker.testing" if self.fetch_sessions else "replication.testing"
         return (
-            'python -c "from replication.testing import SimConfig, run_seed; '
+            f'python -c "from {module} import SimConfig, run_seed; '
             f'run_seed({seed}, SimConfig({", ".join(changed)}), trace=True)"'
         )
 
@@ -487,28 +472,10 @@ class FetchResp:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class SessionFetchReq:
-    """A follower fetcher's request to one leader, in its fetch session (``fetch_sessions``):
-    the partitions named (new, or their position changed) and those forgotten."""
+class ExtensionPayload:
+    """A message of a simulation built on this one (``broker.testing``)."""
 
-    replica: int
-    req_id: int
-    session_id: int
-    epoch: int
-    partitions: tuple[tuple[int, FetchPosition], ...]
-    forgotten: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionFetchResp:
-    """The leader's answer: a session error, or the partitions with news (``req_id`` of
-    each is the request's)."""
-
-    req_id: int
-    error: int
-    session_id: int
-    answers: tuple[FetchResp, ...]
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,8 +523,7 @@ class ProduceResp:
 Payload = (
     FetchReq
     | FetchResp
-    | SessionFetchReq
-    | SessionFetchResp
+    | ExtensionPayload
     | AlterReq
     | AlterResp
     | HeartbeatReq
@@ -585,15 +551,6 @@ class Deliver:
 HEARTBEAT, SHRINK, CHECKPOINT = "heartbeat", "shrink", "checkpoint"
 FETCH, FETCH_TIMEOUT, POLL_EXPIRE, ALTER_TIMEOUT = "fetch", "fetch-timeout", "poll", "alter-to"
 ALTER_RETRY = "alter-retry"
-# With ``fetch_sessions``: a fetcher's turn and its request's timeout (``pid`` is the
-# leader's id), and a parked session fetch's expiry or wake-up (``token``).
-FETCHER, FETCHER_TIMEOUT = "fetcher", "fetcher-timeout"
-SESSION_POLL_EXPIRE, SESSION_WAKE = "session-poll", "session-wake"
-POSITION_REFRESH_MS = 1_000  # broker/replica_fetcher.py's POSITION_REFRESH_S
-# The top-level errors after which a fetcher's next request is a full one, sent at once.
-SESSION_ERRORS = frozenset(
-    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
-)
 # AlterPartition refusals that end a proposal (broker/alter_partition.py): checked at the
 # epochs the leader holds, nothing written. Any other outcome leaves it pending, sent again.
 REFUSED_FOR_GOOD = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
@@ -659,36 +616,6 @@ class Fetching:
     leader_epoch: int
     gen: int
     in_flight: int = 0
-    # With ``fetch_sessions``: the position last sent (read afresh after an answer for the
-    # partition was applied, a rest, or POSITION_REFRESH_MS), and the end of a rest.
-    position: FetchPosition | None = None
-    rest_until: int = 0  # 0: not resting
-    since: int = 0  # the requests its fetcher had built when it began to follow
-
-
-@dataclass(slots=True)
-class Fetcher:
-    """With ``fetch_sessions``: a follower's fetcher of one leader (broker/replica_fetcher.py):
-    its session, the request in flight (0: none) and its number among the requests built
-    (an answer is not for a partition followed anew since), and the partitions that may
-    have changed since the last request (an incremental one looks at those alone)."""
-
-    client: FetchSessionClient = field(default_factory=FetchSessionClient)
-    in_flight: int = 0
-    requests: int = 0
-    asked: int = 0
-    dirty: set[int] = field(default_factory=set)
-    positions_read_ms: int = -POSITION_REFRESH_MS
-
-
-@dataclass(slots=True)
-class ParkedFetch:
-    """A session fetch long-polled at the leader; ``pids``: the partitions it read."""
-
-    msg: Msg
-    request: SessionFetchReq
-    context: FetchContext
-    pids: frozenset[int]
 
 
 @dataclass(slots=True)
@@ -705,11 +632,6 @@ class SimBroker:
     mirrors: dict[int, Mirror] = field(default_factory=dict)
     fetching: dict[int, Fetching] = field(default_factory=dict)
     parked: dict[int, Msg] = field(default_factory=dict)  # long-polled fetches, by token
-    # With ``fetch_sessions``: fetchers by leader, the leader side's session cache (one per
-    # incarnation) and its parked session fetches, by token.
-    fetchers: dict[int, Fetcher] = field(default_factory=dict)
-    sessions: FetchSessionCache | None = None
-    session_parked: dict[int, ParkedFetch] = field(default_factory=dict)
     # request id -> the proposal it carries: (pid, proposed ISR, partition epoch)
     alter_in_flight: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     alter_rest_until: dict[int, int] = field(default_factory=dict)
@@ -724,9 +646,6 @@ class SimBroker:
         self.view = None
         for table in (self.partitions, self.mirrors, self.fetching, self.parked):
             table.clear()
-        self.fetchers.clear()
-        self.session_parked.clear()
-        self.sessions = None
         self.alter_in_flight.clear()
         self.alter_rest_until.clear()
         self.alter_retries.clear()
@@ -748,11 +667,15 @@ class Simulation:
     """One seeded run. ``run()`` returns a ``SimResult`` or raises ``SimulationFailure``.
     ``directory`` holds the brokers' logs (a temporary one, removed afterwards, if None)."""
 
+    SESSIONS = False  # whether this class runs configs with fetch_sessions
+
     def __init__(
         self, seed: int, config: SimConfig | None = None, directory: Path | None = None
     ) -> None:
         self.seed = seed
         self.config = config = config or SimConfig()
+        if config.fetch_sessions and not self.SESSIONS:
+            raise ValueError("fetch_sessions: run broker.testing.run_seed (SessionSimulation)")
         self.rng = random.Random(seed)
         self.now = 0
         self.queue: list[tuple[int, int, Event]] = []
@@ -1057,10 +980,6 @@ class Simulation:
             self._serve_fetch(broker, msg, payload, may_park=True)
         elif isinstance(payload, FetchResp):
             self._on_fetch_answer(broker, payload)
-        elif isinstance(payload, SessionFetchReq):
-            self._serve_session_fetch(broker, msg, payload)
-        elif isinstance(payload, SessionFetchResp):
-            self._on_session_answer(broker, msg.src, payload)
         elif isinstance(payload, ProduceReq):
             self._serve_produce(broker, msg, payload)
         elif isinstance(payload, AlterResp):
@@ -1106,19 +1025,20 @@ class Simulation:
         from its leader, a leader from nobody."""
         self._wake_parked(broker, pid)
         before = broker.fetching.pop(pid, None)
-        if before is not None and before.leader in broker.fetchers:  # unfollowed there
-            broker.fetchers[before.leader].dirty.add(pid)
+        if before is not None:
+            self._unfollowed(broker, pid, before)
         if partition.role is Role.FOLLOWER and partition.leader_id >= 0:
-            gen, leader = self._next_id(), partition.leader_id
-            fetching = Fetching(leader, partition.leader_epoch, gen)
-            broker.fetching[pid] = fetching
-            if self.config.fetch_sessions:
-                fetcher = broker.fetchers.setdefault(leader, Fetcher())
-                fetcher.dirty.add(pid)
-                fetching.since = fetcher.requests
-                self._timer(broker, self.now, FETCHER, leader)
-            else:
-                self._timer(broker, self.now, FETCH, pid, gen)
+            self._followed(broker, pid, partition)
+
+    def _followed(self, broker: SimBroker, pid: int, partition: Partition) -> None:
+        """``partition`` follows its leader, anew: one fetch of its own in flight."""
+        gen = self._next_id()
+        broker.fetching[pid] = Fetching(partition.leader_id, partition.leader_epoch, gen)
+        self._timer(broker, self.now, FETCH, pid, gen)
+
+    def _unfollowed(self, broker: SimBroker, pid: int, before: Fetching) -> None:
+        """``pid`` no longer follows ``before``'s leader at its epoch (its fetch's answer is
+        dropped: ``_on_fetch_answer``)."""
 
     # -- a broker: timers ------------------------------------------------------------------
     def _on_timer(self, timer: Timer) -> None:
@@ -1137,14 +1057,6 @@ class Simulation:
             parked = broker.parked.pop(timer.token, None)
             if parked is not None and isinstance(parked.payload, FetchReq):
                 self._serve_fetch(broker, parked, parked.payload, may_park=False)
-        elif timer.kind == FETCHER:
-            self._fetch_from(broker, timer.pid)
-        elif timer.kind == FETCHER_TIMEOUT:
-            self._fetcher_timed_out(broker, timer.pid, timer.token)
-        elif timer.kind in (SESSION_POLL_EXPIRE, SESSION_WAKE):
-            waiting = broker.session_parked.pop(timer.token, None)
-            if waiting is not None:
-                self._answer_session_fetch(broker, waiting, may_park=False)
         elif timer.kind == ALTER_TIMEOUT:
             self._alter_unanswered(broker, timer.token, "no answer")
         elif timer.kind == ALTER_RETRY:
@@ -1243,226 +1155,54 @@ class Simulation:
                 )
         return done.outcome is Outcome.REST
 
-    # -- a broker: the follower's fetchers, in fetch sessions (``fetch_sessions``) ---------
-    def _fetch_from(self, broker: SimBroker, leader: int) -> None:
-        """broker/replica_fetcher.py's loop: one request for every partition followed from
-        ``leader`` that is not resting, in the fetcher's session."""
-        fetcher = broker.fetchers.setdefault(leader, Fetcher())
-        if fetcher.in_flight:
-            return  # the answer's handling fetches again, with what changed meanwhile
-        followed = {pid: f for pid, f in broker.fetching.items() if f.leader == leader}
-        if not followed:  # following nothing there: the connection, and the session, go
-            del broker.fetchers[leader]
-            return
-        for pid, f in followed.items():
-            if f.rest_until and f.rest_until <= self.now:  # the rest is over
-                f.rest_until = 0
-                fetcher.dirty.add(pid)
-        ready = {pid: f for pid, f in followed.items() if not f.rest_until}
-        if not ready:
-            until = min(f.rest_until for f in followed.values())
-            self._timer(broker, until, FETCHER, leader)
-            return
-        if self.now - fetcher.positions_read_ms >= POSITION_REFRESH_MS:
-            fetcher.positions_read_ms = self.now
-            for f in followed.values():
-                f.position = None
-            fetcher.dirty.update(followed)
-        fetcher.requests += 1
-        if fetcher.client.full_next:
-            wanted = {(TOPIC, pid): self._position(broker, pid, f) for pid, f in ready.items()}
-            request = fetcher.client.build(wanted)
-        else:  # from what changed alone, as the real fetcher builds it
-            changed, gone = {}, []
-            for pid in fetcher.dirty:
-                wanted_now = ready.get(pid)
-                if wanted_now is None:
-                    gone.append((TOPIC, pid))
-                else:
-                    changed[TOPIC, pid] = self._position(broker, pid, wanted_now)
-            request = fetcher.client.build_changes(changed, gone)
-        fetcher.dirty.clear()
-        req_id = self._next_id()
-        fetcher.in_flight, fetcher.asked = req_id, fetcher.requests
-        fetch = SessionFetchReq(
-            broker.broker_id,
-            req_id,
-            request.session_id,
-            request.epoch,
-            tuple((key[1], position) for key, position in request.partitions.items()),
-            tuple(key[1] for key in request.forgotten),
-        )
-        self._send_from(broker, leader, fetch)
-        timeout = self.config.fetch_wait_max_ms + self.config.request_timeout_ms
-        self._timer(broker, self.now + timeout, FETCHER_TIMEOUT, leader, req_id)
-
-    def _position(self, broker: SimBroker, pid: int, fetching: Fetching) -> FetchPosition:
-        if fetching.position is None:
-            partition = broker.partitions[pid]
-            offset, last_epoch = partition.fetch_position()
-            fetching.position = FetchPosition(
-                offset,
-                last_epoch,
-                fetching.leader_epoch,
-                partition.log_start_offset,
-                self.config.fetch_max_bytes,
-            )
-        return fetching.position
-
-    def _fetcher_timed_out(self, broker: SimBroker, leader: int, req_id: int) -> None:
-        """No answer: the real fetcher drops the connection (its next request is a full
-        one) and tries again after a backoff."""
-        fetcher = broker.fetchers.get(leader)
-        if fetcher is not None and fetcher.in_flight == req_id:
-            fetcher.in_flight = 0
-            fetcher.client.reset()
-            self._timer(broker, self.now + self.config.fetch_backoff_ms, FETCHER, leader)
-
-    def _on_session_answer(self, broker: SimBroker, leader: int, answer: SessionFetchResp) -> None:
-        """ReplicaFetcher._handle: a partition left out of the answer has no news."""
-        fetcher = broker.fetchers.get(leader)
-        if fetcher is None or fetcher.in_flight != answer.req_id:
-            return  # timed out: its fate was reset with the session
-        fetcher.in_flight = 0
-        if not fetcher.client.handle_response(answer.error, answer.session_id):
-            if answer.error not in SESSION_ERRORS:
-                for pid, asked in list(broker.fetching.items()):
-                    if asked.leader == leader and not asked.rest_until:
-                        self._rest(broker, pid)
-            self._timer(broker, self.now, FETCHER, leader)
-            return
-        for part in answer.answers:
-            fetching = broker.fetching.get(part.pid)
-            if fetching is None or fetching.since >= fetcher.asked or fetching.rest_until:
-                continue  # unfollowed, followed anew or resting since the request
-            partition = broker.partitions[part.pid]
-            if not (
-                partition.role is Role.FOLLOWER
-                and partition.leader_id == leader
-                and partition.leader_epoch == fetching.leader_epoch
-            ):
-                continue  # a newer leader or epoch in the image: dropped
-            fetching.position = None
-            fetcher.dirty.add(part.pid)
-            if self._apply_answer(broker, part.pid, partition, part):
-                self._rest(broker, part.pid)
-        self._timer(broker, self.now, FETCHER, leader)
-
-    def _rest(self, broker: SimBroker, pid: int) -> None:
-        fetching = broker.fetching.get(pid)
-        if fetching is not None:
-            fetching.rest_until = self.now + max(1, self.config.fetch_backoff_ms)
-            fetching.position = None
-            fetcher = broker.fetchers.get(fetching.leader)
-            if fetcher is not None:
-                fetcher.dirty.add(pid)
-
-    # -- a broker: the leader's side of fetch sessions (``fetch_sessions``) ----------------
-    def _serve_session_fetch(self, broker: SimBroker, msg: Msg, req: SessionFetchReq) -> None:
-        """broker/handlers/fetch.py with the broker's session cache."""
-        assert broker.sessions is not None
-        session_request = SessionRequest(
-            req.session_id,
-            req.epoch,
-            req.replica,
-            {(TOPIC, pid): position for pid, position in req.partitions},
-            [(TOPIC, pid) for pid in req.forgotten],
-        )
-        context = broker.sessions.begin(session_request, self.now)
-        if context.error_code != ErrorCode.NONE:
-            self._reply(msg, SessionFetchResp(req.req_id, context.error_code, NO_SESSION, ()))
-            return
-        parked = ParkedFetch(msg, req, context, frozenset())
-        self._answer_session_fetch(broker, parked, may_park=True)
-
-    def _answer_session_fetch(self, broker: SimBroker, fetch: ParkedFetch, may_park: bool) -> None:
-        """Read what the context says (of an incremental fetch, what its quiet partitions
-        leave), park when there is nothing, else answer what the session lets out."""
-        req, context = fetch.request, fetch.context
-        if isinstance(context, IncrementalFetch):
-            context.parked(None)
-            context.skip_quiet(self._quiet_for(broker, req.replica))
-            self.result.quiet_skips += len(context.session.partitions) - len(context.partitions)
-        read = [
-            self._read_partition(broker, req.replica, req.req_id, key[1], position)
-            for key, position in context.partitions
-        ]
-        nothing = all(not a.records and not a.error and a.diverging is None for a, _ in read)
-        watching = isinstance(context, IncrementalFetch) and context.watching
-        if nothing and may_park and (read or watching):
-            token = self._next_id()
-            pids = frozenset(key[1] for key, _ in context.partitions)
-            broker.session_parked[token] = ParkedFetch(fetch.msg, req, context, pids)
-            if isinstance(context, IncrementalFetch) and watching:
-                context.parked(lambda key, appended: self._poked(broker, token, appended))
-            wait = self.now + self.config.fetch_wait_max_ms
-            self._timer(broker, wait, SESSION_POLL_EXPIRE, token=token)
-            return
-        said = context.finish([news for _, news in read], self.now)
-        if said.error_code != ErrorCode.NONE:
-            answer = SessionFetchResp(req.req_id, said.error_code, said.session_id, ())
-        else:
-            parts = tuple(a for (a, _), go in zip(read, said.include, strict=True) if go)
-            answer = SessionFetchResp(req.req_id, ErrorCode.NONE, said.session_id, parts)
-        self._reply(fetch.msg, answer)
-
-    def _poked(self, broker: SimBroker, token: int, appended: int) -> None:
-        """A watched partition of a parked fetch's session changed (FetchPurgatory's poke):
-        bytes appended or a leadership change wake it on the loop's next turn."""
-        if appended != 0 and token in broker.session_parked:
-            self._timer(broker, self.now, SESSION_WAKE, token=token)
-
-    def _quiet_for(
-        self, broker: SimBroker, replica: int
-    ) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
-        """broker/handlers/fetch.py's rule (``quiet_for_follower``), on this broker's
-        partitions at the virtual time."""
-
-        def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
-            partition = broker.partitions.get(key[1])
-            return partition is not None and quiet_for_follower(
-                partition, replica, heard, watch, self.now
-            )
-
-        return quiet
-
     def _read_partition(
-        self, broker: SimBroker, replica: int, req_id: int, pid: int, position: FetchPosition
-    ) -> tuple[FetchResp, News]:
+        self,
+        broker: SimBroker,
+        replica: int,
+        req_id: int,
+        pid: int,
+        fetch_offset: int,
+        last_epoch: int,
+        leader_epoch: int,
+        max_bytes: int,
+    ) -> FetchResp:
         """broker/handlers/fetch.py's read of one partition for a follower (the error
-        answer of a ReplicationError), with the news it tells a session."""
+        answer of a ReplicationError)."""
         partition = broker.partitions.get(pid)
         try:
             if partition is None:
                 raise NotLeaderOrFollower(f"broker {broker.broker_id} holds no p{pid}")
             found = partition.read_for_follower(
                 replica,
-                position.fetch_offset,
-                position.max_bytes,
-                last_fetched_epoch=position.last_fetched_epoch,
-                current_leader_epoch=position.current_leader_epoch,
+                fetch_offset,
+                max_bytes,
+                last_fetched_epoch=last_epoch,
+                current_leader_epoch=leader_epoch,
                 now_ms=self.now,
             )
         except ReplicationError as e:
             hw = start = -1
             if partition is not None and e.code == OffsetOutOfRange.code:
                 hw, start = partition.high_watermark, partition.log_start_offset
-            answer = FetchResp(pid, req_id, e.code, hw, start, b"", None)
-            return answer, News(0, hw, -1, start, e.code)
+            return FetchResp(pid, req_id, e.code, hw, start, b"", None)
         data = found.data
         records = data.slice.read() if data is not None and data.slice is not None else b""
         hw, start = partition.high_watermark, partition.log_start_offset
-        answer = FetchResp(pid, req_id, NO_ERROR, hw, start, records, found.diverging)
-        lso = partition.last_stable_offset
-        return answer, News(len(records), hw, lso, start, NO_ERROR, found.diverging is not None)
+        return FetchResp(pid, req_id, NO_ERROR, hw, start, records, found.diverging)
 
     # -- a broker: the leader's side -------------------------------------------------------
     def _serve_fetch(self, broker: SimBroker, msg: Msg, req: FetchReq, *, may_park: bool) -> None:
         """broker/handlers/fetch.py: read_for_follower; nothing to send is long-polled."""
-        position = FetchPosition(
-            req.fetch_offset, req.last_epoch, req.leader_epoch, -1, self.config.fetch_max_bytes
+        answer = self._read_partition(
+            broker,
+            req.replica,
+            req.req_id,
+            req.pid,
+            req.fetch_offset,
+            req.last_epoch,
+            req.leader_epoch,
+            self.config.fetch_max_bytes,
         )
-        answer, _ = self._read_partition(broker, req.replica, req.req_id, req.pid, position)
         nothing = answer.error == NO_ERROR and not answer.records and answer.diverging is None
         if nothing and may_park:
             token = self._next_id()
@@ -1477,9 +1217,6 @@ class Simulation:
             msg = broker.parked.pop(token)
             if isinstance(msg.payload, FetchReq):
                 self._serve_fetch(broker, msg, msg.payload, may_park=False)
-        for token, parked in broker.session_parked.items():
-            if pid in parked.pids:  # woken as the purgatory wakes it: on the loop's next turn
-                self._timer(broker, self.now, SESSION_WAKE, token=token)
 
     def _serve_produce(self, broker: SimBroker, msg: Msg, req: ProduceReq) -> None:
         partition = broker.partitions.get(req.pid)
@@ -1603,8 +1340,6 @@ class Simulation:
         """Start the broker's process: open its logs (recovering them), start its timers."""
         broker.incarnation += 1
         broker.up = True
-        if self.config.fetch_sessions:
-            broker.sessions = FetchSessionCache(SessionLimits(), self._next_id)
         for pid, state in enumerate(self.controller.partitions):
             if broker.broker_id in state.replicas:
                 self._open_partition(broker, pid)
@@ -2116,15 +1851,17 @@ def run_seed(
     *,
     directory: Path | None = None,
     trace: bool = False,
+    simulation: type[Simulation] = Simulation,
 ) -> SimResult:
-    """Run one seed; raises ``SimulationFailure`` on any violation. ``trace`` prints the whole
-    event trace when it fails."""
-    simulation = Simulation(seed, config, directory)
+    """Run one seed (of ``simulation``, a subclass built on the hooks if given); raises
+    ``SimulationFailure`` on any violation. ``trace`` prints the whole event trace when it
+    fails."""
+    run = simulation(seed, config, directory)
     if trace:
-        simulation.full_trace = []
+        run.full_trace = []
     try:
-        return simulation.run()
+        return run.run()
     except SimulationFailure:
-        if simulation.full_trace is not None:
-            print("\n".join(simulation.full_trace))
+        if run.full_trace is not None:
+            print("\n".join(run.full_trace))
         raise

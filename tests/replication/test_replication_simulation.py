@@ -1,6 +1,7 @@
 """The deterministic replication simulation (replication/testing/simulation.py) over many seeds.
 
-Fixed seeds for two cluster shapes, in chunks so that pytest-xdist spreads them, Hypothesis
+Fixed seeds for each cluster shape (the "sessions" one run by broker.testing, which drives
+the broker's fetch session logic), in chunks so that pytest-xdist spreads them, Hypothesis
 drawing seeds and shapes, exact replay of a seed, power losses (every crash that may lose
 the page cache does), a broken high-watermark rule and a loader that refuses a log emptied
 by a power loss caught with their seeds, and the model controller checked against the real
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import fetch_session
+from broker import testing as session_testing
 from broker.fetch_session import News
 from broker.protocol import ErrorCode
 from controller import elections
@@ -84,7 +86,7 @@ def _run_seeds(config: SimConfig, seeds: Iterable[int]) -> None:
     failures = []
     for seed in seeds:
         try:
-            run_seed(seed, config)
+            (session_testing.run_seed if config.fetch_sessions else run_seed)(seed, config)
         except SimulationFailure as failure:
             failures.append(str(failure))
     assert not failures, f"{len(failures)} seeds failed:\n\n" + "\n\n".join(failures)
@@ -158,7 +160,7 @@ def test_a_leader_committing_without_its_followers_is_caught_with_its_seed(
 def test_sessions_skip_quiet_partitions_and_keep_every_follower_in_step() -> None:
     """With fetch sessions, most fetches skip partitions their session watches as quiet; the
     runs still converge (every replica in the ISR, the HWs equal) and lose nothing."""
-    skipped = sum(run_seed(seed, SESSIONS).quiet_skips for seed in (5, 31))
+    skipped = sum(session_testing.run_seed(seed, SESSIONS).quiet_skips for seed in (5, 31))
     assert skipped > 500, f"only {skipped} partitions skipped as quiet: watches not exercised"
 
 
@@ -176,8 +178,16 @@ def test_a_session_taking_a_diverging_answer_s_hw_as_heard_is_caught_with_its_se
 
     monkeypatch.setattr(fetch_session._Cached, "heard", old_rule)
     with pytest.raises(SimulationFailure, match="not settled") as caught:
-        run_seed(31, SESSIONS)
+        session_testing.run_seed(31, SESSIONS)
+    assert "from broker.testing import" in caught.value.replay
     assert "fetch_sessions=True" in caught.value.replay
+
+
+def test_the_replication_layer_refuses_to_run_sessions_itself() -> None:
+    """The session mode drives the broker's modules, so it lives a layer above
+    (broker.testing); replication's own runner says where."""
+    with pytest.raises(ValueError, match=r"broker\.testing"):
+        run_seed(0, SESSIONS)
 
 
 POWER_LOSS = SimConfig(
