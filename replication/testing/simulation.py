@@ -53,8 +53,9 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   does not know it yet included) form one committed log that never changes; every replica
   agrees with it below its own HW; every member of the controller's ISR holds all of it (any
   of them may be elected next); no replica truncates below its own HW; a value a consumer
-  read at an offset is never read differently there. Each replica's batch list is kept in
-  step with its log (``Mirror``) and checked against a fresh read every
+  read at an offset is never read differently there; the records a follower is given start
+  at its log end (it asked from there). Each replica's batch list is kept in step with its
+  log (``Mirror``) and checked against a fresh read every
   ``verify_every_events`` events.
 - Phases: faults for ``safety_ms``; then everything heals (crashed brokers restart, links
   reopen, the network stops dropping) and within ``liveness_ms`` the producer must get
@@ -1128,8 +1129,19 @@ class Simulation:
     def _apply_answer(
         self, broker: SimBroker, pid: int, partition: Partition, answer: FetchResp
     ) -> bool:
-        """Apply a leader's answer as broker/replica_fetcher.py does; True: rest a while."""
+        """Apply a leader's answer as broker/replica_fetcher.py does; True: rest a while.
+        Records must start at the follower's log end: it asked from there, and an answer
+        to an older question is dropped before it gets here (a fetcher asking from a stale
+        position costs only wasted answers and rests, so it is checked here, not left to
+        liveness)."""
         hw_before = partition.high_watermark
+        if answer.error == NO_ERROR and answer.diverging is None and answer.records:
+            first = int.from_bytes(answer.records[:8], "big", signed=True)
+            if first != partition.log_end_offset:
+                self._fail(
+                    f"broker {broker.broker_id} got p{pid} records from offset {first} at its "
+                    f"log end {partition.log_end_offset}: it fetched from a stale position"
+                )
         fetch_answer = FetchAnswer(
             answer.error,
             answer.high_watermark,

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from broker import fetch_session
 from broker import testing as session_testing
 from broker.fetch_session import News
+from broker.fetch_session_client import FetchSessionClient
 from broker.protocol import ErrorCode
 from controller import elections
 from controller import records as rec
@@ -181,6 +182,21 @@ def test_a_session_taking_a_diverging_answer_s_hw_as_heard_is_caught_with_its_se
         session_testing.run_seed(31, SESSIONS)
     assert "from broker.testing import" in caught.value.replay
     assert "fetch_sessions=True" in caught.value.replay
+
+
+def test_a_fetcher_asking_from_stale_positions_is_caught_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutant session client that never names a changed position: the leader keeps
+    answering from the old one, which only wastes answers (liveness would not notice), but
+    records that do not start at the follower's log end fail the run."""
+    real = FetchSessionClient.build_changes
+    monkeypatch.setattr(
+        FetchSessionClient, "build_changes", lambda self, changed, gone: real(self, {}, gone)
+    )
+    with pytest.raises(SimulationFailure, match="stale position") as caught:
+        session_testing.run_seed(0, SESSIONS)
+    assert caught.value.seed == 0
 
 
 def test_the_replication_layer_refuses_to_run_sessions_itself() -> None:
