@@ -247,10 +247,10 @@ class _Session:
     # A follower's session: the partitions it watches as quiet, skipped by its fetches
     # (``IncrementalFetch.skip_quiet``), and since when none was looked at afresh.
     quiet: dict[PartitionKey, _Watch] = field(default_factory=dict)
+    quiet_since_ms: int = 0
     # The others (every key of ``partitions`` is in one of the two), in the order fetches
     # read them: a fetch walks these alone, so it costs what changed, not the session's size.
     unwatched: dict[PartitionKey, None] = field(default_factory=dict)
-    quiet_since_ms: int = 0
     # While a fetch of the session is parked: feeds it as ``FetchPurgatory.notify`` would
     # (bytes appended to a watched partition; -1: a leadership change).
     poke: Callable[[PartitionKey, int], None] | None = None
