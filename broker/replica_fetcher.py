@@ -69,7 +69,13 @@ from replication.errors import ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer
 from replication.partition import Partition, PartitionKey, Role
 
-__all__ = ["FetcherConfig", "ReplicaFetcher", "ReplicaFetcherManager"]
+__all__ = [
+    "POSITION_REFRESH_S",
+    "SESSION_ERRORS",
+    "FetcherConfig",
+    "ReplicaFetcher",
+    "ReplicaFetcherManager",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' li
 POSITION_REFRESH_S = 1.0  # every partition's position is read afresh at least this often
 _SIZE = struct.Struct(">i")
 _READ_LIMIT_BYTES = 1 << 20  # the stream's buffer: big reads of big answers
-_SESSION_ERRORS = frozenset(
+SESSION_ERRORS = frozenset(  # the next request is a full one, sent at once
     {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
 )
 _RESTING_ERRORS = frozenset(
@@ -341,7 +347,7 @@ class ReplicaFetcher:
         partition out: no news)."""
         code = response.error_code
         if not self.session.handle_response(code, response.session_id):
-            if code in _SESSION_ERRORS:  # the next fetch is full, at once
+            if code in SESSION_ERRORS:  # the next fetch is full, at once
                 self.session_errors += 1
                 _log.info("fetch from broker %d: session error %d", self.leader_id, code)
                 return

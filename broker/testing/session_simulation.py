@@ -41,6 +41,7 @@ from broker.fetch_session import (
 from broker.fetch_session_client import FetchSessionClient
 from broker.handlers.fetch import quiet_for_follower
 from broker.protocol import ErrorCode
+from broker.replica_fetcher import POSITION_REFRESH_S, SESSION_ERRORS
 from replication.partition import Partition, QuietWatch, Role
 from replication.testing.simulation import (
     NO_ERROR,
@@ -63,11 +64,7 @@ __all__ = ["SessionFetchReq", "SessionFetchResp", "SessionSimulation", "SimConfi
 # a parked session fetch's expiry or wake-up (``token``).
 FETCHER, FETCHER_TIMEOUT = "fetcher", "fetcher-timeout"
 SESSION_POLL_EXPIRE, SESSION_WAKE = "session-poll", "session-wake"
-POSITION_REFRESH_MS = 1_000  # broker/replica_fetcher.py's POSITION_REFRESH_S
-# The top-level errors after which a fetcher's next request is a full one, sent at once.
-SESSION_ERRORS = frozenset(
-    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
-)
+POSITION_REFRESH_MS = round(POSITION_REFRESH_S * 1000)  # the real fetcher's, in virtual ms
 
 
 @dataclass(frozen=True, slots=True)
