@@ -48,6 +48,7 @@ bench: install
 	$(PY) -m bench.idle_partitions
 	$(PY) -m bench.isr_rejoin
 	$(PY) -m bench.fetch_session_walk
+	$(PY) -m bench.page_touch
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis

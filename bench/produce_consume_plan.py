@@ -6,9 +6,11 @@ a noisy spell of the shared machine hits both:
 
   latency  the paced producer and the long-polling consumer on the in-memory sink, then on
            runnel, alternating in ``rounds`` parts; each target's rounds are pooled.
-  rounds   ``rounds`` times: the raw baseline (write, then read), the raw generator alone
-           producing into the sink, then into runnel (a topic per round), the generator
-           alone consuming from the sink, then the round's topic from runnel from offset 0.
+  rounds   ``rounds`` times: the raw baseline (write, then read), a pause of
+           ``PAGE_RETURN_SETTLE_S`` (the raw file's freed pages go back to the host), the raw
+           generator alone producing into the sink, then into runnel (a topic per round),
+           the generator alone consuming from the sink, then the round's topic from runnel
+           from offset 0.
            Ratios and headroom are per round; the table shows medians. The rounds' topics
            are kept (deleting a topic whose log the broker's maintenance thread is flushing
            took the broker's data directory offline: see docs/performance.md).
@@ -24,6 +26,7 @@ a noisy spell of the shared machine hits both:
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +51,11 @@ CLIENT_TOPIC = "bench-confluent"
 E2E_TOPIC = "bench-e2e"
 START_TIMEOUT_S = 120.0
 TOPIC_TIMEOUT_S = 60.0
+# This VM hands memory freed for 2 s back to its host, and touching such memory again costs
+# about ten times what touching recycled memory does (docs/performance.md, "Page-cache
+# memory"). The raw baseline deletes its file when done: a produce run starting sooner would
+# write into the raw file's still-warm pages, the raw write itself into fresh ones.
+PAGE_RETURN_SETTLE_S = 3.0
 
 
 def step(text: str) -> None:
@@ -106,6 +114,7 @@ def _percentiles(e2e: Latency) -> str:
 
 def one_round(i: int, root: Path, alone: Target, runnel: Target, params: Params) -> Round:
     raw_write, raw_read = raw_round(root, params)
+    time.sleep(PAGE_RETURN_SETTLE_S)  # both writes into memory the VM has not just freed
     step(
         f"round {i + 1}: raw write {raw_write.records_per_s:,.0f} records/s equivalent "
         f"({raw_write.wire_mb_per_s or 0:,.0f} MB/s), read {raw_read.records_per_s:,.0f} "

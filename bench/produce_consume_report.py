@@ -61,6 +61,18 @@ class Summary:
         self.alone_consume = _median(rounds, lambda r: r.alone_consume.records_per_s)
         self.generator_per_core = _median(rounds, lambda r: r.produce.records_per_client_cpu_s)
         self.broker_per_core = _median(rounds, lambda r: r.produce.records_per_server_cpu_s or 0.0)
+        # What a CPU-second of the raw receiver takes in: on this VM it moves tenfold with the
+        # cost of touching fresh page-cache memory (docs/performance.md, "Page-cache memory").
+        self.raw_receiver_per_core = _median(
+            rounds, lambda r: r.raw_write.records_per_server_cpu_s or 0.0
+        )
+        self.produce_ratio_per_core = _median(
+            rounds,
+            lambda r: (
+                (r.produce.records_per_server_cpu_s or 0.0)
+                / (r.raw_write.records_per_server_cpu_s or 1.0)
+            ),
+        )
         self.e2e_p99_ms = results.e2e.p99_ms
         self.met = {
             "produce": self.produce >= TARGET_PRODUCE_RECORDS_PER_S,
@@ -151,7 +163,8 @@ def print_table(params: Params, results: Results, summary: Summary) -> None:
     )
     print(
         f"produce per busy core: the generator {s.generator_per_core:,.0f} records per CPU-second,"
-        f" the runnel broker {s.broker_per_core:,.0f}"
+        f" the runnel broker {s.broker_per_core:,.0f}, the raw receiver"
+        f" {s.raw_receiver_per_core:,.0f} ({s.produce_ratio_per_core:.2f} x per core)"
     )
     if results.replication is not None:
         print_replication(results.replication)
@@ -227,6 +240,8 @@ def report(
         "generator_consume_headroom": s.consume_headroom,
         "generator_produce_records_per_cpu_s": s.generator_per_core,
         "broker_produce_records_per_cpu_s": s.broker_per_core,
+        "raw_receiver_records_per_cpu_s": s.raw_receiver_per_core,
+        "produce_ratio_to_raw_per_cpu_s": s.produce_ratio_per_core,
         **headline_json(r.replication),
         "targets": {
             "produce_records_per_s": TARGET_PRODUCE_RECORDS_PER_S,

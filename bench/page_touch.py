@@ -1,0 +1,117 @@
+"""What writing into the page cache costs on this machine, by how recently the memory was
+freed: ``python -m bench.page_touch``.
+
+Why. On this VM the CPU cost of a buffered file write depends on the memory the kernel hands
+the page cache: memory freed within the last second or so is cheap to fill, memory freed
+longer ago (handed back to the host) costs about ten times as much, all of it in the kernel's
+copy into the new pages. Every produce run writes new log bytes, and the raw baseline of
+``bench.produce_consume`` writes a new file, so this cost sits inside both sides of its
+ratio (docs/performance.md, "Page-cache memory").
+
+How this works. In this process, pinned to nothing: write ``--mb`` MiB in 1 MiB ``os.write``
+calls to a new file under ``--dir`` (no fsync), delete it, wait ``gap`` seconds, write the same
+amount again into a new file, delete it; for each gap in ``--gaps`` (``--rounds`` times, gaps
+in turn, with ``--rest-s`` between pairs so every first write starts on memory freed long ago).
+Reported: the CPU (user + system) of each write, in µs per 16 KiB written, the medians per gap
+of the first write (the baseline: fresh memory) and of the second, and their ratio. The last
+line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import git_state
+
+WRITE_BYTES = 1 << 20
+UNIT_BYTES = 16 << 10  # one produce request's batch in bench.produce_consume
+
+
+def _write_cpu_us_per_unit(directory: Path, mb: int) -> float:
+    """CPU µs per 16 KiB of writing ``mb`` MiB to a new file, which is then deleted."""
+    buffer = memoryview(os.urandom(WRITE_BYTES))
+    path = directory / "page-touch.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start = time.process_time()
+        for _ in range(mb):
+            if os.write(fd, buffer) != WRITE_BYTES:
+                raise OSError("short write")
+        spent = time.process_time() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return spent * 1e6 / (mb * WRITE_BYTES / UNIT_BYTES)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    firsts: dict[float, list[float]] = {gap: [] for gap in args.gaps}
+    seconds: dict[float, list[float]] = {gap: [] for gap in args.gaps}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        directory = Path(tmp)
+        for i in range(args.rounds):
+            for gap in args.gaps:
+                if i or gap != args.gaps[0]:
+                    time.sleep(args.rest_s)
+                firsts[gap].append(_write_cpu_us_per_unit(directory, args.mb))
+                time.sleep(gap)
+                seconds[gap].append(_write_cpu_us_per_unit(directory, args.mb))
+                print(
+                    f"gap {gap:g} s: first write {firsts[gap][-1]:.1f} us per 16 KiB, "
+                    f"second {seconds[gap][-1]:.1f}",
+                    flush=True,
+                )
+    per_gap = {}
+    for gap in args.gaps:
+        first, second = statistics.median(firsts[gap]), statistics.median(seconds[gap])
+        per_gap[f"{gap:g}"] = {
+            "first_us_per_16k": first,
+            "second_us_per_16k": second,
+            "second_to_first": second / first,
+            "first_runs": firsts[gap],
+            "second_runs": seconds[gap],
+        }
+    commit, dirty = git_state()
+    return {
+        "benchmark": "page_touch",
+        "mb_per_write": args.mb,
+        "gaps": per_gap,
+        "rounds": args.rounds,
+        "commit": commit,
+        "dirty": dirty,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.page_touch", description=__doc__)
+    parser.add_argument("--dir", default="data", help="where the files go (created if absent)")
+    parser.add_argument("--mb", type=int, default=256, help="MiB per write (default 256)")
+    parser.add_argument(
+        "--gaps", type=float, nargs="+", default=[0.0, 1.0, 4.0], help="seconds between writes"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rest-s", type=float, default=4.0, help="pause before each pair")
+    args = parser.parse_args(argv)
+    if args.mb < 1 or args.rounds < 1 or min(args.gaps) < 0 or args.rest_s < 0:
+        parser.error("--mb and --rounds must be positive, --gaps and --rest-s not negative")
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    result = run(args)
+    print()
+    print(f"{'gap s':>6} {'first write':>12} {'second':>8} {'ratio':>6}   (CPU us per 16 KiB)")
+    for gap, figures in result["gaps"].items():
+        print(
+            f"{gap:>6} {figures['first_us_per_16k']:>12.1f} {figures['second_us_per_16k']:>8.1f}"
+            f" {figures['second_to_first']:>6.2f}"
+        )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
