@@ -2,18 +2,18 @@
 freed: ``python -m bench.page_touch``.
 
 Why. On this VM the CPU cost of a buffered file write depends on the memory the kernel hands
-the page cache: memory freed within the last second or so is cheap to fill, memory freed
-longer ago (handed back to the host) costs about ten times as much, all of it in the kernel's
-copy into the new pages. Every produce run writes new log bytes, and the raw baseline of
+the page cache: memory freed a moment ago is cheap to fill, other memory often costs about ten
+times as much (all of it in the kernel's copy into the new pages), how much of it varies over
+time. Every produce run writes new log bytes, and the raw baseline of
 ``bench.produce_consume`` writes a new file, so this cost sits inside both sides of its
 ratio (docs/performance.md, "Page-cache memory").
 
 How this works. In this process, pinned to nothing: write ``--mb`` MiB in 1 MiB ``os.write``
 calls to a new file under ``--dir`` (no fsync), delete it, wait ``gap`` seconds, write the same
 amount again into a new file, delete it; for each gap in ``--gaps`` (``--rounds`` times, gaps
-in turn, with ``--rest-s`` between pairs so every first write starts on memory freed long ago).
+in turn, with ``--rest-s`` between pairs so no first write starts on memory just freed).
 Reported: the CPU (user + system) of each write, in µs per 16 KiB written, the medians per gap
-of the first write (the baseline: fresh memory) and of the second, and their ratio. The last
+of the first write (the baseline) and of the second, and their ratio. The last
 line printed is one JSON object.
 """
 

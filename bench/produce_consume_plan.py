@@ -7,13 +7,13 @@ a noisy spell of the shared machine hits both:
   latency  the paced producer and the long-polling consumer on the in-memory sink, then on
            runnel, alternating in ``rounds`` parts; each target's rounds are pooled.
   rounds   ``rounds`` times: the raw baseline (write, then read), a pause of
-           ``PAGE_RETURN_SETTLE_S`` (the raw file's freed pages go back to the host), the raw
-           generator alone producing into the sink, then into runnel (a topic per round),
-           the generator alone consuming from the sink, then the round's topic from runnel
-           from offset 0.
-           Ratios and headroom are per round; the table shows medians. The rounds' topics
-           are kept (deleting a topic whose log the broker's maintenance thread is flushing
-           took the broker's data directory offline: see docs/performance.md).
+           ``PAGE_RETURN_SETTLE_S`` (so runnel does not write into the raw file's freed
+           pages), the raw generator alone producing into the sink, then into runnel (a
+           topic per round), the generator alone consuming from the sink, then the round's
+           topic from runnel from offset 0. Ratios and headroom are per round; the table
+           shows medians. The rounds' topics are kept (deleting a topic whose log the
+           broker's maintenance thread is flushing took the broker's data directory offline:
+           see docs/performance.md).
   clients  confluent-kafka: produce into the sink, into runnel; consume from the sink, and the
            last round's topic from runnel.
   sweep    the raw generator into runnel at the other batch sizes, into six partitions
@@ -51,10 +51,10 @@ CLIENT_TOPIC = "bench-confluent"
 E2E_TOPIC = "bench-e2e"
 START_TIMEOUT_S = 120.0
 TOPIC_TIMEOUT_S = 60.0
-# This VM hands memory freed for 2 s back to its host, and touching such memory again costs
-# about ten times what touching recycled memory does (docs/performance.md, "Page-cache
-# memory"). The raw baseline deletes its file when done: a produce run starting sooner would
-# write into the raw file's still-warm pages, the raw write itself into fresh ones.
+# On this VM page-cache memory freed within a second or so is about ten times cheaper to write
+# into than memory freed 2 s or more before (docs/performance.md, "Page-cache memory"). The
+# raw baseline deletes its file when done: a produce run starting sooner would write into the
+# raw file's still-cheap pages, which the raw write itself did not have.
 PAGE_RETURN_SETTLE_S = 3.0
 
 

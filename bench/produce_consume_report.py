@@ -61,8 +61,8 @@ class Summary:
         self.alone_consume = _median(rounds, lambda r: r.alone_consume.records_per_s)
         self.generator_per_core = _median(rounds, lambda r: r.produce.records_per_client_cpu_s)
         self.broker_per_core = _median(rounds, lambda r: r.produce.records_per_server_cpu_s or 0.0)
-        # What a CPU-second of the raw receiver takes in: on this VM it moves tenfold with the
-        # cost of touching fresh page-cache memory (docs/performance.md, "Page-cache memory").
+        # What a CPU-second of the raw receiver takes in: on this VM it moves with the cost of
+        # writing into new page-cache memory (docs/performance.md, "Page-cache memory").
         self.raw_receiver_per_core = _median(
             rounds, lambda r: r.raw_write.records_per_server_cpu_s or 0.0
         )
