@@ -13,8 +13,9 @@ calls to a new file under ``--dir`` (no fsync), delete it, wait ``gap`` seconds,
 amount again into a new file, delete it; for each gap in ``--gaps`` (``--rounds`` times, gaps
 in turn, with ``--rest-s`` between pairs so no first write starts on memory just freed).
 Reported: the CPU (user + system) of each write, in µs per 16 KiB written, the medians per gap
-of the first write (the baseline) and of the second, and their ratio. The last
-line printed is one JSON object.
+of the first write (the baseline) and of the second, and their ratio. Then one file grown to
+``--grow-mb`` MiB in 16 KiB ``pwrite``s, as a partition's segment grows: the CPU per 16 KiB of
+each ``GROW_STEP_MB`` MiB in turn (0: left out). The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bench.common import git_state
 
 WRITE_BYTES = 1 << 20
 UNIT_BYTES = 16 << 10  # one produce request's batch in bench.produce_consume
+GROW_STEP_MB = 256
 
 
 def _write_cpu_us_per_unit(directory: Path, mb: int) -> float:
@@ -51,6 +53,27 @@ def _write_cpu_us_per_unit(directory: Path, mb: int) -> float:
     return spent * 1e6 / (mb * WRITE_BYTES / UNIT_BYTES)
 
 
+def _grow_cpu_us_per_unit(directory: Path, mb: int) -> list[float]:
+    """CPU µs per 16 KiB ``pwrite`` of each ``GROW_STEP_MB`` MiB of one file grown to
+    ``mb`` MiB, which is then deleted."""
+    unit = os.urandom(UNIT_BYTES)
+    path = directory / "page-touch-grow.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    steps, per_step, position = [], (GROW_STEP_MB << 20) // UNIT_BYTES, 0
+    try:
+        for _ in range(mb // GROW_STEP_MB):
+            start = time.process_time()
+            for _ in range(per_step):
+                if os.pwrite(fd, unit, position) != UNIT_BYTES:
+                    raise OSError("short write")
+                position += UNIT_BYTES
+            steps.append((time.process_time() - start) * 1e6 / per_step)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return steps
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     firsts: dict[float, list[float]] = {gap: [] for gap in args.gaps}
     seconds: dict[float, list[float]] = {gap: [] for gap in args.gaps}
@@ -68,6 +91,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"second {seconds[gap][-1]:.1f}",
                     flush=True,
                 )
+        grow = []
+        if args.grow_mb:
+            time.sleep(args.rest_s)
+            grow = _grow_cpu_us_per_unit(directory, args.grow_mb)
     per_gap = {}
     for gap in args.gaps:
         first, second = statistics.median(firsts[gap]), statistics.median(seconds[gap])
@@ -83,6 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "page_touch",
         "mb_per_write": args.mb,
         "gaps": per_gap,
+        "grow_step_mb": GROW_STEP_MB,
+        "grow_us_per_16k": grow,
         "rounds": args.rounds,
         "commit": commit,
         "dirty": dirty,
@@ -98,9 +127,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rest-s", type=float, default=4.0, help="pause before each pair")
+    parser.add_argument(
+        "--grow-mb", type=int, default=1536, help=f"the growing file, a multiple of {GROW_STEP_MB}"
+    )
     args = parser.parse_args(argv)
     if args.mb < 1 or args.rounds < 1 or min(args.gaps) < 0 or args.rest_s < 0:
         parser.error("--mb and --rounds must be positive, --gaps and --rest-s not negative")
+    if len(set(args.gaps)) != len(args.gaps):
+        parser.error("--gaps must not repeat a gap")
+    if args.grow_mb < 0 or args.grow_mb % GROW_STEP_MB:
+        parser.error(f"--grow-mb must be 0 or a positive multiple of {GROW_STEP_MB}")
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     result = run(args)
     print()
@@ -110,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{gap:>6} {figures['first_us_per_16k']:>12.1f} {figures['second_us_per_16k']:>8.1f}"
             f" {figures['second_to_first']:>6.2f}"
         )
+    for i, cost in enumerate(result["grow_us_per_16k"]):
+        mb = f"{i * GROW_STEP_MB}-{(i + 1) * GROW_STEP_MB}"
+        print(f"growing file, MiB {mb}: {cost:.1f} us per 16 KiB pwrite")
     print(json.dumps(result))
 
 
