@@ -41,6 +41,7 @@ TARGET_E2E_P99_MS = 5.0
 KAFKA_2014_BATCH_BYTES = 8_196  # the 2014 test's producer batch.size
 JAVA_BATCH_BYTES = 16_384  # the Java producer's default batch.size
 LIBRDKAFKA_BATCH_BYTES = 1_000_000  # librdkafka's default batch.size
+WIRE_UNIT_BYTES = 16_384  # CPU time per this many wire bytes: about one headline request
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ class Run:
     server_cpu_s: float | None
     other_cores: float | None  # CPUs busy with other processes meanwhile (other tenants)
     batch_bytes: int | None
+    server_kernel_cpu_s: float | None = None  # the part of server_cpu_s spent in the kernel
 
     @property
     def records_per_s(self) -> float:
@@ -117,6 +119,15 @@ class Run:
         if self.server_cpu_s is None:
             return None
         return self.records / max(self.server_cpu_s, 1e-9)
+
+    def server_us_per_16k(self) -> tuple[float, float] | None:
+        """The server's (user, kernel) CPU microseconds per 16 KiB of wire bytes taken in or
+        sent, when both were measured."""
+        if self.server_cpu_s is None or self.server_kernel_cpu_s is None or not self.wire_bytes:
+            return None
+        per = WIRE_UNIT_BYTES / self.wire_bytes * 1e6
+        kernel = self.server_kernel_cpu_s * per
+        return self.server_cpu_s * per - kernel, kernel
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from bench.produce_consume_procs import (
     CLIENT_CPUS,
     SERVER_CPUS,
     Proc,
-    cpu_seconds,
+    cpu_times,
     machine_busy_s,
 )
 
@@ -99,6 +99,7 @@ def raw_round(root: Path, params: Params) -> tuple[Run, Run]:
         received["cpu_write_s"],
         other_cores("write", sent["write_s"]),
         params.batch_bytes,
+        received["cpu_write_kernel_s"],
     )
     read = Run(
         "raw: sendfile of that file to a reader",
@@ -126,6 +127,7 @@ class Window(NamedTuple):
 
     result: dict[str, Any]
     server_cpu_s: float
+    server_kernel_cpu_s: float  # the part of server_cpu_s spent in the kernel
     busy_s: float  # CPU seconds the whole machine was busy
     wall_s: float
 
@@ -139,13 +141,13 @@ class Window(NamedTuple):
 def _measure(proc: Proc, server_pid: int, timeout_s: float) -> Window:
     try:
         proc.ready(READY_TIMEOUT_S)
-        server0, busy0, start = cpu_seconds(server_pid), machine_busy_s(), time.monotonic()
+        (user0, kernel0), busy0, start = cpu_times(server_pid), machine_busy_s(), time.monotonic()
         result = proc.result(timeout_s)
-        server = cpu_seconds(server_pid) - server0
+        user, kernel = cpu_times(server_pid)
         busy, wall = machine_busy_s() - busy0, time.monotonic() - start
     finally:
         proc.stop()
-    return Window(result, server, busy, wall)
+    return Window(result, user - user0 + kernel - kernel0, kernel - kernel0, busy, wall)
 
 
 def load_run(
@@ -184,6 +186,7 @@ def load_run(
         window.server_cpu_s,
         window.other_cores(),
         result.get("batch_bytes"),
+        window.server_kernel_cpu_s,
     )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "Proc",
     "RoleError",
     "cpu_seconds",
+    "cpu_times",
     "machine_busy_s",
     "pin_process",
 ]
@@ -48,13 +49,20 @@ class RoleError(RuntimeError):
     """A role failed, or did not answer in time."""
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its threads, from /proc (0 when it is gone)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, kernel) CPU seconds of a process and its threads, from /proc's utime and stime
+    ((0, 0) when it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its threads, from /proc (0 when it is gone)."""
+    return sum(cpu_times(pid))
 
 
 def machine_busy_s() -> float:

@@ -83,9 +83,9 @@ def run_receive(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.dir) / "raw-produce-stream.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        cpu0 = cpu_s()
+        cpu0, kernel0 = cpu_s(), os.times().system
         received = _receive_to_file(tune(listener.accept()[0]), fd)
-        cpu_write = cpu_s() - cpu0
+        cpu_write, kernel_write = cpu_s() - cpu0, os.times().system - kernel0
         cpu0 = cpu_s()
         _sendfile_out(tune(listener.accept()[0]), fd, received)
         cpu_read = cpu_s() - cpu0
@@ -93,7 +93,12 @@ def run_receive(args: argparse.Namespace) -> dict[str, Any]:
         os.close(fd)
         path.unlink(missing_ok=True)
         listener.close()
-    return {"bytes": received, "cpu_write_s": cpu_write, "cpu_read_s": cpu_read}
+    return {
+        "bytes": received,
+        "cpu_write_s": cpu_write,
+        "cpu_write_kernel_s": kernel_write,
+        "cpu_read_s": cpu_read,
+    }
 
 
 def _receive_to_file(sock: socket.socket, fd: int) -> int:

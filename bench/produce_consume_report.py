@@ -40,6 +40,17 @@ def _median(rounds: Sequence[Round], figure: Callable[[Round], float]) -> float:
     return statistics.median(figure(r) for r in rounds)
 
 
+def _split_median(
+    rounds: Sequence[Round], run_of: Callable[[Round], Run]
+) -> tuple[float, float] | None:
+    """The medians of a server's (user, kernel) CPU us per 16 KiB; None if not measured."""
+    splits = [run_of(r).server_us_per_16k() for r in rounds]
+    known = [split for split in splits if split is not None]
+    if not known:
+        return None
+    return statistics.median(u for u, _ in known), statistics.median(k for _, k in known)
+
+
 class Summary:
     """The headline figures: medians over the rounds."""
 
@@ -66,6 +77,9 @@ class Summary:
         self.raw_receiver_per_core = _median(
             rounds, lambda r: r.raw_write.records_per_server_cpu_s or 0.0
         )
+        # Where each side's CPU went: the kernel's part is mostly the copy into the page cache.
+        self.broker_us_per_16k = _split_median(rounds, lambda r: r.produce)
+        self.raw_receiver_us_per_16k = _split_median(rounds, lambda r: r.raw_write)
         self.produce_ratio_per_core = _median(
             rounds,
             lambda r: (
@@ -166,6 +180,15 @@ def print_table(params: Params, results: Results, summary: Summary) -> None:
         f" the runnel broker {s.broker_per_core:,.0f}, the raw receiver"
         f" {s.raw_receiver_per_core:,.0f} ({s.produce_ratio_per_core:.2f} x per core)"
     )
+    if s.broker_us_per_16k is not None and s.raw_receiver_us_per_16k is not None:
+        (broker_user, broker_kernel), (raw_user, raw_kernel) = (
+            s.broker_us_per_16k,
+            s.raw_receiver_us_per_16k,
+        )
+        print(
+            f"CPU per 16 KiB taken in, user + kernel: the runnel broker {broker_user:.1f} +"
+            f" {broker_kernel:.1f} us, the raw receiver {raw_user:.1f} + {raw_kernel:.1f} us"
+        )
     if results.replication is not None:
         print_replication(results.replication)
 
@@ -242,6 +265,8 @@ def report(
         "broker_produce_records_per_cpu_s": s.broker_per_core,
         "raw_receiver_records_per_cpu_s": s.raw_receiver_per_core,
         "produce_ratio_to_raw_per_cpu_s": s.produce_ratio_per_core,
+        "broker_user_kernel_us_per_16k": s.broker_us_per_16k,
+        "raw_receiver_user_kernel_us_per_16k": s.raw_receiver_us_per_16k,
         **headline_json(r.replication),
         "targets": {
             "produce_records_per_s": TARGET_PRODUCE_RECORDS_PER_S,
