@@ -442,7 +442,8 @@ class Partition:
 
     def _require_leader(self, current_leader_epoch: int = NO_LEADER_EPOCH) -> None:
         # Kafka's order: the epoch first (it tells the client more), then leadership.
-        self.check_leader_epoch(current_leader_epoch)
+        if current_leader_epoch != NO_LEADER_EPOCH:
+            self.check_leader_epoch(current_leader_epoch)
         if self.role is not Role.LEADER:
             raise NotLeaderOrFollower(
                 f"broker {self.local_broker_id} is not the leader of {self.topic}-"

@@ -29,7 +29,7 @@ All functions are pure and safe to call from any thread.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -143,6 +143,10 @@ class BatchHeader(NamedTuple):
         return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
 
 
+# BatchHeader._make without its Python-level wrapper: the 13 unpacked fields as they are.
+_new_header: Callable[[type[BatchHeader], tuple[int, ...]], BatchHeader] = tuple.__new__
+
+
 def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int]:
     """Return (base_offset, total size in bytes) of the batch at ``pos``; needs 12 bytes."""
     if len(buf) - pos < LOG_OVERHEAD:
@@ -158,7 +162,7 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
         raise CorruptRecordError(
             f"truncated batch at byte {pos}: {available} bytes, header needs {HEADER_SIZE}"
         )
-    header = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    header = _new_header(BatchHeader, _HEADER.unpack_from(buf, pos))
     # Field access by name on the hot path: magic, then the declared length.
     if header.magic != MAGIC_V2:
         raise CorruptRecordError(f"batch at byte {pos} has magic {header.magic}, expected 2")
@@ -177,7 +181,7 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
 
 def unpack_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Decode 61 header bytes with no checks at all (for trusted, already-validated data)."""
-    return BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    return _new_header(BatchHeader, _HEADER.unpack_from(buf, pos))
 
 
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from storage import codecs
 from storage.batch import (
+    ATTR_COMPRESSION_MASK,
     ATTR_CONTROL,
     ATTR_TIMESTAMP_TYPE,
     ATTR_TRANSACTIONAL,
@@ -269,7 +270,14 @@ def check_record_framing(
     records' inner fields are decoded by readers (``decode_batch``). The walk is compiled
     (``storage._framing``) when that module is built, ``walk_record_lengths`` otherwise.
     Raises CorruptRecordError."""
-    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size_bytes]
+    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.batch_length + LOG_OVERHEAD]
+    if (
+        _compiled_record_count is not None
+        and not header.attributes & ATTR_COMPRESSION_MASK
+        and len(section) <= max_uncompressed_bytes
+        and _compiled_record_count(section) == header.record_count
+    ):
+        return  # the usual case, an uncompressed batch that is well framed
     try:
         data = codecs.records_section(header.compression, section, max_uncompressed_bytes)
     except CorruptRecordError as e:

@@ -37,7 +37,7 @@ from broker.protocol.schema import (
 from broker.protocol.values import default_expr, value_class
 from broker.protocol.wire import fail, read_uvarint, unpack_array
 
-__all__ = ["DecodeFn", "as_view", "decode_struct", "struct_decoder"]
+__all__ = ["DecodeFn", "as_view", "decode_struct", "decode_with", "struct_decoder"]
 
 DecodeFn = Callable[[memoryview, int], tuple[Any, int]]
 
@@ -66,7 +66,13 @@ def decode_struct(
     """Decode all of ``buf`` as ``s`` at ``version``; only ``ProtocolError`` escapes.
     ``trailing_ok``: bytes after a complete message are ignored, as Kafka's brokers ignore
     them in requests (librdkafka 2.16's Metadata v12 for all topics carries three)."""
-    decode = struct_decoder(s, version, flexible)
+    return decode_with(struct_decoder(s, version, flexible), s, version, buf, trailing_ok)
+
+
+def decode_with(
+    decode: DecodeFn, s: Struct, version: int, buf: memoryview, trailing_ok: bool
+) -> Any:
+    """``decode_struct`` with ``s``'s compiled decoder at hand."""
     try:
         value, pos = decode(buf, 0)
     except ProtocolError:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
-from broker.protocol.decode import as_view, decode_struct
-from broker.protocol.encode import encode_struct
+from broker.protocol.decode import DecodeFn, as_view, decode_struct, decode_with, struct_decoder
+from broker.protocol.encode import EncodeFn, encode_struct, struct_encoder
 from broker.protocol.errors import ProtocolError
 from broker.protocol.keys import ApiKey
 from broker.protocol.schema import ApiSpec
@@ -68,6 +68,36 @@ def _spec(api_key: int, version: int) -> ApiSpec | None:
     return spec if spec is not None and spec.supports(version) else None
 
 
+class _Served(NamedTuple):
+    """What serving one implemented (API, version) needs, looked up once per request."""
+
+    spec: ApiSpec
+    flexible: bool
+    decode_request: DecodeFn  # the request body's compiled decoder
+    encode_response: EncodeFn  # the response body's compiled encoder
+    response_tags: bool  # response header v1: a tagged section after the correlation id
+
+
+_SERVED: dict[tuple[int, int], _Served] = {}  # only implemented versions: bounded
+
+
+def _served(api_key: int, version: int) -> _Served | None:
+    served = _SERVED.get((api_key, version))
+    if served is None:
+        spec = _spec(api_key, version)
+        if spec is None:
+            return None
+        flexible = spec.is_flexible(version)
+        served = _SERVED[(api_key, version)] = _Served(
+            spec,
+            flexible,
+            struct_decoder(spec.request, version, flexible),
+            struct_encoder(spec.response, version, flexible),
+            flexible and api_key != ApiKey.API_VERSIONS,
+        )
+    return served
+
+
 def _skip_tagged_section(buf: memoryview, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     if count > len(buf) - pos:
@@ -95,9 +125,12 @@ def decode_request_header(frame: bytes | bytearray | memoryview) -> RequestHeade
             pos += n
         elif n != -1:
             raise ProtocolError("request header: negative client_id length")
-        spec = _spec(api_key, version)
-        if spec is not None and spec.is_flexible(version):
-            pos = _skip_tagged_section(buf, pos)
+        served = _served(api_key, version)
+        if served is not None and served.flexible:
+            if buf[pos] == 0:  # the usual header v2: no tagged fields
+                pos += 1
+            else:
+                pos = _skip_tagged_section(buf, pos)
     except (struct.error, IndexError, UnicodeDecodeError) as e:
         raise ProtocolError(f"malformed request header: {e}") from None
     return RequestHeader(api_key, version, correlation_id, client_id, pos)
@@ -106,25 +139,29 @@ def decode_request_header(frame: bytes | bytearray | memoryview) -> RequestHeade
 def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview) -> Any:
     """The request body after ``header`` in the same frame. Raises ProtocolError, also for an
     API or version runnel does not implement (check ``API_SPECS`` first to answer those)."""
-    spec = _spec(header.api_key, header.api_version)
-    if spec is None:
+    served = _served(header.api_key, header.api_version)
+    if served is None:
         raise ProtocolError(f"unsupported api {header.api_key} v{header.api_version}")
     body = as_view(frame)[header.header_size :]
-    flexible = spec.is_flexible(header.api_version)
-    return decode_struct(spec.request, header.api_version, flexible, body, trailing_ok=True)
+    return decode_with(served.decode_request, served.spec.request, header.api_version, body, True)
 
 
 def encode_response(header: RequestHeader, value: Any) -> list[Part]:
     """Size prefix, response header and body for the request ``header`` answers."""
-    if header.api_key == ApiKey.API_VERSIONS and _spec(header.api_key, header.api_version) is None:
-        header = header._replace(api_version=0)
-    spec = _require_spec(header.api_key, header.api_version)
-    flexible = spec.is_flexible(header.api_version)
-    out = bytearray(_SIZE_PLACEHOLDER)
-    out += _I32.pack(header.correlation_id)
-    if flexible and header.api_key != ApiKey.API_VERSIONS:
-        out.append(0)  # response header v1: no tagged fields
-    return _sized(out, encode_struct(spec.response, header.api_version, flexible, value, out))
+    served = _served(header.api_key, header.api_version)
+    if served is None and header.api_key == ApiKey.API_VERSIONS:
+        served = _served(ApiKey.API_VERSIONS, 0)
+    if served is None:
+        raise ValueError(f"runnel does not implement api {header.api_key} v{header.api_version}")
+    head = bytearray(_SIZE_PLACEHOLDER)
+    head += _I32.pack(header.correlation_id)
+    if served.response_tags:
+        head.append(0)  # response header v1: no tagged fields
+    parts: list[Part] = []
+    tail = served.encode_response(value, head, parts)
+    if tail:
+        parts.append(tail)
+    return _sized(head, parts)
 
 
 def encode_request(
