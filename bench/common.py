@@ -1,6 +1,5 @@
 """Small pieces every benchmark uses: its temporary working directory, the commit it
-measured, the met/MISSED word of its table, and the pause that keeps freed page-cache memory
-out of the next measurement."""
+measured, and the met/MISSED word of its table."""
 
 from __future__ import annotations
 
@@ -11,14 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["PAGE_RETURN_SETTLE_S", "REPO", "git_state", "verdict", "work_dir"]
+__all__ = ["REPO", "git_state", "verdict", "work_dir"]
 
 REPO = Path(__file__).resolve().parent.parent
-# On this VM page-cache memory freed within a second or so has been up to ten times cheaper to
-# write into than memory freed 2 s or more before (docs/performance.md, "Page-cache memory").
-# A benchmark that deletes one side's files and at once writes the other side's would hand the
-# second side the first one's still-cheap pages: it waits this long in between.
-PAGE_RETURN_SETTLE_S = 3.0
 
 
 @contextmanager

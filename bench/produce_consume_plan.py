@@ -31,7 +31,6 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from bench.common import PAGE_RETURN_SETTLE_S
 from bench.produce_consume_cluster import RunnelCluster
 from bench.produce_consume_figures import Latency, LatencyRound, Params, Results, Round, Run
 from bench.produce_consume_phases import (
@@ -52,6 +51,11 @@ CLIENT_TOPIC = "bench-confluent"
 E2E_TOPIC = "bench-e2e"
 START_TIMEOUT_S = 120.0
 TOPIC_TIMEOUT_S = 60.0
+# On this VM page-cache memory freed within a second or so has been up to ten times cheaper to
+# write into than memory freed 2 s or more before (docs/performance.md, "Page-cache memory"). The
+# raw baseline deletes its file when done: a produce run starting sooner would write into the
+# raw file's still-cheap pages, which the raw write itself did not have.
+PAGE_RETURN_SETTLE_S = 3.0
 
 
 def step(text: str) -> None:

@@ -7,9 +7,6 @@ engine/raw is what matters; absolute MB/s swing with the (shared, noisy) machine
   append    ``Log.append_as_leader`` of one pre-built, uncompressed v2 batch, over and over,
             against ``os.write`` of the same bytes to a plain file. Page-cache durability
             (no fsync), as in Kafka's default. Batches are built once, outside the timing.
-            A batch size's files are all kept until its last round, then deleted, and the
-            next size starts ``PAGE_RETURN_SETTLE_S`` later: neither side writes into pages
-            the other has just freed, which on this VM are far cheaper to write into.
   read      sequential consumer fetches, ``Log.read(offset, 1 MiB)`` and ``os.sendfile`` of
             the returned FileSlice to a loopback TCP socket, against ``os.sendfile`` of the
             same segment files in 1 MiB chunks to the same kind of socket. A separate process
@@ -28,25 +25,25 @@ object with every figure and the parameters.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import statistics
 import struct
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import crc32c
 
-from bench.common import PAGE_RETURN_SETTLE_S, git_state, work_dir
+from bench.common import git_state, work_dir
 from storage.config import LogConfig
 from storage.loader import load_log
 from storage.log import Log
@@ -140,7 +137,7 @@ def log_config() -> LogConfig:
 
 
 def runnel_append(root: Path, batch: Batch, total_bytes: int) -> float:
-    """Bytes/s of ``append_as_leader`` on a fresh log (left in a directory under ``root``)."""
+    """Bytes/s of ``append_as_leader`` on a fresh log."""
     directory = Path(tempfile.mkdtemp(prefix="append-runnel-", dir=root))
     log = load_log(directory / "bench-0", log_config())
     append = log.append_as_leader
@@ -152,11 +149,12 @@ def runnel_append(root: Path, batch: Batch, total_bytes: int) -> float:
         append(data, LEADER_EPOCH)
     elapsed = time.perf_counter() - start
     log.abandon()  # close() would fsync, which the timing left out for both sides
+    shutil.rmtree(directory)
     return count * len(data) / elapsed
 
 
 def raw_append(root: Path, batch: Batch, total_bytes: int) -> float:
-    """Bytes/s of ``os.write`` of the same bytes to a plain file (left under ``root``)."""
+    """Bytes/s of ``os.write`` of the same bytes to a plain file."""
     directory = Path(tempfile.mkdtemp(prefix="append-raw-", dir=root))
     fd = os.open(directory / "raw.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     data = batch.data
@@ -169,6 +167,7 @@ def raw_append(root: Path, batch: Batch, total_bytes: int) -> float:
             raise RuntimeError("short write")
     elapsed = time.perf_counter() - start
     os.close(fd)
+    shutil.rmtree(directory)
     return count * len(data) / elapsed
 
 
@@ -188,27 +187,17 @@ def alternate(rounds: int, runnel: Callable[[], float], raw: Callable[[], float]
 
 def bench_append(root: Path, params: Params, now_ms: int) -> dict[int, Pair]:
     warmup = build_exact_batch(APPEND_BATCH_BYTES[0], now_ms)
-    with _settled(root) as files:  # first allocations and imports, untimed
-        runnel_append(files, warmup, WARMUP_BYTES)
-        raw_append(files, warmup, WARMUP_BYTES)
+    runnel_append(root, warmup, WARMUP_BYTES)  # first allocations and imports, untimed
+    raw_append(root, warmup, WARMUP_BYTES)
     results: dict[int, Pair] = {}
     for size in APPEND_BATCH_BYTES:
         batch = build_exact_batch(size, now_ms)
-        with _settled(root) as files:
-            results[size] = alternate(
-                params.rounds,
-                functools.partial(runnel_append, files, batch, params.append_bytes),
-                functools.partial(raw_append, files, batch, params.append_bytes),
-            )
+        results[size] = alternate(
+            params.rounds,
+            functools.partial(runnel_append, root, batch, params.append_bytes),
+            functools.partial(raw_append, root, batch, params.append_bytes),
+        )
     return results
-
-
-@contextlib.contextmanager
-def _settled(root: Path) -> Iterator[Path]:
-    """A directory for appends' files; afterwards they are deleted, then a pause."""
-    with work_dir(root, "append-") as files:
-        yield files
-    time.sleep(PAGE_RETURN_SETTLE_S)
 
 
 # --- recovery -----------------------------------------------------------------------------
