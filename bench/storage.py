@@ -7,6 +7,11 @@ engine/raw is what matters; absolute MB/s swing with the (shared, noisy) machine
   append    ``Log.append_as_leader`` of one pre-built, uncompressed v2 batch, over and over,
             against ``os.write`` of the same bytes to a plain file. Page-cache durability
             (no fsync), as in Kafka's default. Batches are built once, outside the timing.
+            Each side deletes its files when done, so the next write (the other side's)
+            goes into memory just freed; an untimed write of the same size first does the
+            same for the first round. On this VM memory freed a moment before is far
+            cheaper to write into than new memory (docs/performance.md, "Page-cache
+            memory"): every timed write meets the cheap kind, not whichever came.
   read      sequential consumer fetches, ``Log.read(offset, 1 MiB)`` and ``os.sendfile`` of
             the returned FileSlice to a loopback TCP socket, against ``os.sendfile`` of the
             same segment files in 1 MiB chunks to the same kind of socket. A separate process
@@ -192,6 +197,7 @@ def bench_append(root: Path, params: Params, now_ms: int) -> dict[int, Pair]:
     results: dict[int, Pair] = {}
     for size in APPEND_BATCH_BYTES:
         batch = build_exact_batch(size, now_ms)
+        raw_append(root, batch, params.append_bytes)  # untimed: frees as much memory
         results[size] = alternate(
             params.rounds,
             functools.partial(runnel_append, root, batch, params.append_bytes),
