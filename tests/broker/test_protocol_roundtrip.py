@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
@@ -19,6 +20,7 @@ from broker.protocol import (
     decode_response,
     encode_request,
     encode_response,
+    framing,
     parts_size,
     to_dict,
 )
@@ -122,6 +124,24 @@ def test_request_header_v2_keeps_a_non_compact_client_id() -> None:
     frame = joined(parts)[4:]
     assert frame[8:13] == b"\x00\x03abc" and frame[13] == 0  # int16 length, then no tags
     assert decode_request_header(frame).header_size == 14
+
+
+def test_request_header_v2_tagged_fields_are_skipped() -> None:
+    body = joined(encode_request(ApiKey.METADATA, 9, 5, "abc", {"topics": None}))[18:]
+    head = struct.pack(">hhih", ApiKey.METADATA, 9, 5, 3) + b"abc"
+    tags = b"\x02" + b"\x00\x02xy" + b"\x05\x00"  # two tags in the header, unknown
+    header = decode_request_header(head + tags + body)
+    assert header.header_size == len(head) + len(tags)
+    assert decode_request(header, head + tags + body).topics is None
+
+
+def test_the_served_versions_table_holds_implemented_versions_only() -> None:
+    for api_key in range(-3, 80):
+        for version in range(-2, 30):
+            with contextlib.suppress(ProtocolError):
+                decode_request_header(struct.pack(">hhih", api_key, version, 1, -1) + b"\x00")
+    implemented = sum(s.max_version - s.min_version + 1 for s in API_SPECS.values())
+    assert 0 < len(framing._SERVED) <= implemented
 
 
 def test_api_versions_response_uses_header_v0_even_when_flexible() -> None:
