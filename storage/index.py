@@ -214,15 +214,31 @@ class OffsetIndex(_MappedIndex):
         return self.entry(n) if n >= 0 else (self.base_offset, 0)
 
     def _floor_slot(self, offset: int) -> int:
-        lo, hi = 0, self.entries - 1
-        if hi < 0 or self.entry(0)[0] > offset:
+        """The last slot whose offset is <= ``offset``, -1 if none. Searched from the end
+        (followers and consumers that keep up read near it: a few probes instead of a
+        binary search of the whole index), back in doubling steps, then by halving."""
+        hi = self.entries - 1  # invariant below: entry(hi) > offset
+        if hi < 0:
             return -1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
+        if self.entry(hi)[0] <= offset:  # not _last: a reader may see it lag ``entries``
+            return hi
+        step = 1
+        while True:
+            lo = hi - step
+            if lo <= 0:
+                if self.entry(0)[0] > offset:
+                    return -1
+                lo = 0
+                break
+            if self.entry(lo)[0] <= offset:
+                break
+            hi, step = lo, step * 2
+        while hi - lo > 1:  # entry(lo) <= offset < entry(hi)
+            mid = (lo + hi) // 2
             if self.entry(mid)[0] <= offset:
                 lo = mid
             else:
-                hi = mid - 1
+                hi = mid
         return lo
 
     def truncate_to(self, offset: int) -> None:

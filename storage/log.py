@@ -461,7 +461,9 @@ class Log:
         while start_offset < bound and 0 <= index < len(segments) and result is None:
             segment = segments[index]
             max_position = segment.size
-            if index + 1 >= len(segments) or bases[index + 1] > bound:
+            if bound < leo and (index + 1 >= len(segments) or bases[index + 1] > bound):
+                # The bound lies in this segment: end at its batch. (At the log end the
+                # segment's end is the bound: no batch to find.)
                 found = segment.translate_offset(bound)
                 max_position = found[0] if found is not None else segment.size
             result = segment.read(

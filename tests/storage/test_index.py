@@ -32,6 +32,21 @@ def test_offset_index_lookup_finds_the_greatest_entry_at_or_below(tmp_path: Path
     assert index.lookup(BASE + 10_000) == (BASE + 1000, 4096 * 100)
 
 
+@pytest.mark.parametrize("entries", [0, 1, 2, 3, 5, 8, 17, 64, 100])
+def test_offset_index_lookup_agrees_with_a_linear_scan_everywhere(
+    tmp_path: Path, entries: int
+) -> None:
+    # The search starts at the end and steps back in doubling strides: every size and every
+    # offset, below, between, on and past the entries, against the plain definition.
+    index = OffsetIndex(tmp_path / "a.index", BASE, 8 * 128)
+    stored = [(BASE + 3 * i + 2, 100 * i + 50) for i in range(entries)]
+    for offset, position in stored:
+        index.append(offset, position)
+    for offset in range(BASE, BASE + 3 * entries + 5):
+        below = [entry for entry in stored if entry[0] <= offset]
+        assert index.lookup(offset) == (below[-1] if below else (BASE, 0)), offset
+
+
 def test_offset_index_refuses_non_increasing_offsets_and_overflow(tmp_path: Path) -> None:
     index = OffsetIndex(tmp_path / "a.index", BASE, 80)
     index.append(BASE + 3, 100)
