@@ -172,7 +172,10 @@ def test_concurrent_proposals_each_learn_the_offset_of_their_last_record(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        cluster = Cluster(tmp_path)
+        # About offsets, not elections. Once (CI on a slow, busy machine, 2026-11-23) a
+        # follower heard nothing for FAST's 600 ms fetch timeout mid-test and an election
+        # ended the leader's term (NotLeader, epoch 2): here silence cannot end a term.
+        cluster = Cluster(tmp_path, raft=replace(FAST, fetch_timeout_ms=60_000))
         try:
             for node_id in (1, 2, 3):
                 await cluster.start(node_id)
