@@ -49,6 +49,7 @@ bench: install
 	$(PY) -m bench.isr_rejoin
 	$(PY) -m bench.fetch_session_walk
 	$(PY) -m bench.page_touch
+	$(PY) -m bench.request_path
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis
