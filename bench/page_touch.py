@@ -24,12 +24,11 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import git_state
+from bench.common import git_state, work_dir
 
 WRITE_BYTES = 1 << 20
 UNIT_BYTES = 16 << 10  # one produce request's batch in bench.produce_consume
@@ -77,8 +76,7 @@ def _grow_cpu_us_per_unit(directory: Path, mb: int) -> list[float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     firsts: dict[float, list[float]] = {gap: [] for gap in args.gaps}
     seconds: dict[float, list[float]] = {gap: [] for gap in args.gaps}
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        directory = Path(tmp)
+    with work_dir(Path(args.dir), "page-touch-") as directory:
         for i in range(args.rounds):
             for gap in args.gaps:
                 if i or gap != args.gaps[0]:
@@ -137,7 +135,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--gaps must not repeat a gap")
     if args.grow_mb < 0 or args.grow_mb % GROW_STEP_MB:
         parser.error(f"--grow-mb must be 0 or a positive multiple of {GROW_STEP_MB}")
-    Path(args.dir).mkdir(parents=True, exist_ok=True)
     result = run(args)
     print()
     print(f"{'gap s':>6} {'first write':>12} {'second':>8} {'ratio':>6}   (CPU us per 16 KiB)")

@@ -40,7 +40,7 @@ from typing import Any, cast
 import crc32c
 
 from bench.common import git_state, work_dir
-from bench.kafka_load import build_fill_batch
+from bench.kafka_load import build_fill_batch, byte_parts, fetch_request, produce_value
 from broker.context import BrokerContext, BrokerSettings
 from broker.dispatcher import KafkaDispatcher
 from broker.producer_ids import ProducerIdManager
@@ -114,45 +114,17 @@ class Broker:
 
 
 def _frame(api_key: int, version: int, body: dict[str, Any]) -> memoryview:
-    parts = encode_request(api_key, version, 1, "bench", body)
-    return memoryview(b"".join(bytes(cast(bytes, p)) for p in parts))[4:]
+    return memoryview(b"".join(byte_parts(encode_request(api_key, version, 1, "bench", body))))[4:]
 
 
 def produce_frame(topic: str, partition: int, batch: bytes) -> memoryview:
-    data = [{"index": partition, "records": batch}]
-    body = {
-        "transactional_id": None,
-        "acks": 1,
-        "timeout_ms": 30_000,
-        "topic_data": [{"name": topic, "partition_data": data}],
-    }
-    return _frame(ApiKey.PRODUCE, PRODUCE_VERSION, body)
+    return _frame(ApiKey.PRODUCE, PRODUCE_VERSION, produce_value(topic, [partition], batch, 1))
 
 
 def fetch_frame(offsets: Sequence[int]) -> memoryview:
-    partitions = [
-        {
-            "partition": p,
-            "current_leader_epoch": 0,
-            "fetch_offset": offset,
-            "last_fetched_epoch": -1,
-            "log_start_offset": 0,
-            "partition_max_bytes": 1 << 20,
-        }
-        for p, offset in enumerate(offsets)
-    ]
-    body = {
-        "replica_id": FOLLOWER,
-        "max_wait_ms": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [{"topic": FETCH_TOPIC, "partitions": partitions}],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
+    """A follower's Fetch of "fetch" 0.. from ``offsets`` (no session, no wait)."""
+    body = fetch_request(FETCH_TOPIC, offsets, 1 << 20, 0)
+    body["replica_id"] = FOLLOWER
     return _frame(ApiKey.FETCH, FETCH_VERSION, body)
 
 
