@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from bench.kafka_load import VALUE_BYTES, Connection, LoadError
 from bench.produce_consume_cluster import PartitionState, RunnelCluster, partition_states
 from bench.produce_consume_figures import Run
-from bench.produce_consume_procs import Proc, cpu_seconds, machine_busy_s
+from bench.produce_consume_procs import Proc, cpu_seconds, cpu_times, machine_busy_s
 from bench.produce_consume_replication_figures import (
     CatchUp,
     Failover,
@@ -247,14 +247,16 @@ def produce_run(
     try:
         proc.ready(READY_TIMEOUT_S)
         pids = brokers.pids()
-        cpu0 = {b: cpu_seconds(pid) for b, pid in pids.items()}
+        times0 = {b: cpu_times(pid) for b, pid in pids.items()}
         busy0, start = machine_busy_s(), time.monotonic()
         result = proc.result(max_s + GRACE_S)
-        cpu = {b: cpu_seconds(pid) - cpu0[b] for b, pid in pids.items()}
+        times = {b: cpu_times(pid) for b, pid in pids.items()}
         busy, wall = machine_busy_s() - busy0, time.monotonic() - start
     finally:
         proc.stop()
+    cpu = {b: sum(times[b]) - sum(times0[b]) for b in pids}
     servers = sum(cpu.values())
+    kernel = sum(times[b][1] - times0[b][1] for b in pids)
     run = Run(
         label,
         "produce",
@@ -268,6 +270,7 @@ def produce_run(
         servers,
         max(0.0, busy - servers - float(result["cpu_s"])) / wall,
         result["batch_bytes"],
+        kernel,
     )
     return ReplicatedRun(run, topic, replication_factor, acks, state.leader, cpu)
 

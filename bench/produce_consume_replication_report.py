@@ -19,6 +19,7 @@ from bench.produce_consume_replication_figures import (
     Failover,
     ReplicatedRun,
     Replication,
+    ReplicationRound,
 )
 
 __all__ = ["headline_json", "print_replication", "replication_json"]
@@ -91,6 +92,7 @@ def print_replication(rep: Replication) -> None:
         print(f"-- round {i + 1} of {len(rep.rounds)}, {p.max_s:g} s each")
         for run in (r.rf1, r.rf3_acks1, r.rf3_acks_all):
             print(_run_row(run))
+        print(_brokers_cpu_line(r))
     c = rep.catch_up
     print(f"-- follower catch-up after a restart ({p.catch_up_bytes / 1e6:,.0f} MB produced)")
     print(_run_row(c.produce))
@@ -150,6 +152,15 @@ def _print_targets(rep: Replication) -> None:
     )
 
 
+def _brokers_cpu_line(r: ReplicationRound) -> str:
+    """All brokers' CPU per 16 KiB produced in each of the round's runs."""
+    figures = []
+    for name, run in (("RF 1", r.rf1), ("RF 3 acks=1", r.rf3_acks1), ("acks=all", r.rf3_acks_all)):
+        split = run.run.server_us_per_16k()
+        figures.append(f"{name} {'-' if split is None else f'{split[0]:.0f} + {split[1]:.0f}'}")
+    return "   all brokers' CPU per 16 KiB produced, user + kernel us: " + ", ".join(figures)
+
+
 def _replicated_json(r: ReplicatedRun) -> dict[str, Any]:
     out = asdict(r)
     run = r.run
@@ -157,6 +168,7 @@ def _replicated_json(r: ReplicatedRun) -> dict[str, Any]:
     out["payload_mb_per_s"] = run.payload_mb_per_s
     out["wire_mb_per_s"] = run.wire_mb_per_s
     out["records_per_broker_cpu_s"] = run.records_per_server_cpu_s  # all brokers' CPU
+    out["brokers_user_kernel_us_per_16k"] = run.server_us_per_16k()  # all brokers' CPU
     return out
 
 
