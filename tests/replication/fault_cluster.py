@@ -200,11 +200,14 @@ class LoadReport:
     produce_errors: Counter[str] = field(default_factory=Counter)  # produce() raised
     idempotent: bool = False
 
+    # A running producer's delivery reports add to ``acked`` and ``failed`` from its thread:
+    # read them through list() snapshots (one C call, no thread switch inside), as
+    # ``Continuous.acked_since`` does.
     def error_counts(self) -> Counter[str]:
-        return Counter(error_name(code) for _, code, _, _ in self.failed.values())
+        return Counter(error_name(code) for _, code, _, _ in list(self.failed.values()))
 
     def summary(self) -> str:
-        per_partition = Counter(p for p, _, _ in self.acked.values())
+        per_partition = Counter(p for p, _, _ in list(self.acked.values()))
         return (
             f"sent {len(self.sent)}, acked {len(self.acked)} {dict(sorted(per_partition.items()))}"
             f", failed {len(self.failed)} {dict(self.error_counts())}, unanswered "
