@@ -55,6 +55,7 @@ from pathlib import Path
 from bench.common import REPO, work_dir
 from bench.produce_consume_figures import (
     JAVA_BATCH_BYTES,
+    JAVA_MAX_IN_FLIGHT,
     KAFKA_2014_BATCH_BYTES,
     LIBRDKAFKA_BATCH_BYTES,
     Params,
@@ -105,7 +106,7 @@ def make_params(args: argparse.Namespace) -> Params:
         sweep_partitions=0 if args.partitions == KAFKA_2014_PARTITIONS else KAFKA_2014_PARTITIONS,
         sweep_max_s=1.5 if quick else 15.0,
         partitions=args.partitions,
-        in_flight=5,
+        in_flight=JAVA_MAX_IN_FLIGHT,
         partition_max_bytes=1_048_576,
         sink_max_s=1.5 if quick else 10.0,
         client_max_s=1.5 if quick else 15.0,

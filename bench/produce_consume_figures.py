@@ -41,6 +41,7 @@ TARGET_E2E_P99_MS = 5.0
 KAFKA_2014_BATCH_BYTES = 8_196  # the 2014 test's producer batch.size
 JAVA_BATCH_BYTES = 16_384  # the Java producer's default batch.size
 LIBRDKAFKA_BATCH_BYTES = 1_000_000  # librdkafka's default batch.size
+JAVA_MAX_IN_FLIGHT = 5  # the Java producer's default max.in.flight.requests.per.connection
 WIRE_UNIT_BYTES = 16_384  # CPU time per this many wire bytes: about one headline request
 
 

@@ -13,8 +13,8 @@ each kind of run):
              idle partitions are held meanwhile). The topics have six partitions, as the
              2014 test's, whose leaders the controller spreads over the three brokers; the
              generator sends each partition's batches to its leader, a connection per
-             leader with 5 requests in flight (``--partitions 1``: one partition, one
-             leader, one connection).
+             leader with 5 requests in flight, the Java producer's default (``--in-flight
+             N``: N; ``--partitions 1``: one partition, one leader, one connection).
              ``rf3_ratio_to_rf1`` is each round's acks=all records/s over its
              replication-factor-1 records/s, the median over the rounds.
   catch-up   a follower of a one-partition replication-factor-3 topic is stopped,
@@ -26,9 +26,10 @@ each kind of run):
              the first write the new leader acknowledges, against the cluster's
              ``broker_session_timeout_ms`` (the target: at most that + 2 s).
 
-Standalone: ``python -m bench.produce_consume_replication [--quick] [--dir DIR]`` prints the
-table and a JSON object of these runs alone; ``python -m bench.produce_consume`` runs them
-after its own (``--no-replication`` leaves them out).
+Standalone: ``python -m bench.produce_consume_replication [--quick] [--dir DIR] [--rounds R]
+[--partitions P] [--batch-bytes B] [--in-flight N]`` prints the table and a JSON object of
+these runs alone; ``python -m bench.produce_consume`` runs them after its own
+(``--no-replication`` leaves them out).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 
 from bench.common import REPO, work_dir
 from bench.produce_consume_cluster import RunnelCluster
-from bench.produce_consume_figures import JAVA_BATCH_BYTES, MB
+from bench.produce_consume_figures import JAVA_BATCH_BYTES, JAVA_MAX_IN_FLIGHT, MB
 from bench.produce_consume_replication_figures import (
     Replication,
     ReplicationParams,
@@ -216,9 +217,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=JAVA_BATCH_BYTES,
         help="of each produce request's batch (the Java producer's default batch.size)",
     )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=JAVA_MAX_IN_FLIGHT,
+        help="produce requests outstanding per leader connection (the Java producer's default "
+        "max.in.flight.requests.per.connection)",
+    )
     args = parser.parse_args(argv)
+    if args.in_flight < 1:
+        parser.error(f"--in-flight must be at least 1, got {args.in_flight}")
     rounds = args.rounds or (1 if args.quick else 3)
-    rp = replication_params(args.quick, rounds, 50_000_000, args.batch_bytes, 5, args.partitions)
+    rp = replication_params(
+        args.quick, rounds, 50_000_000, args.batch_bytes, args.in_flight, args.partitions
+    )
     load, commit = os.getloadavg()[0], measured_commit()
     started = time.perf_counter()
     with work_dir(args.dir, "bench-replication-") as root:
