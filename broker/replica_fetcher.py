@@ -50,12 +50,12 @@ import contextlib
 import itertools
 import logging
 import socket
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from broker.connection import Chunk, FrameReader, FrameSizeError
 from broker.fetch_session import FetchPosition
 from broker.fetch_session_client import FetchSessionClient
 from broker.protocol import (
@@ -85,8 +85,7 @@ MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
 POSITION_REFRESH_S = 1.0  # every partition's position is read afresh at least this often
-_SIZE = struct.Struct(">i")
-_READ_LIMIT_BYTES = 1 << 20  # the stream's buffer: big reads of big answers
+_READ_BUFFER_BYTES = 1 << 20  # answers up to half of it are read with others; bigger ones alone
 SESSION_ERRORS = frozenset(  # the next request is a full one, sent at once
     {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
 )
@@ -125,42 +124,105 @@ class _Followed:
     position: FetchPosition | None = None
 
 
-class _Connection:
-    """One Kafka connection to a leader, one request at a time."""
+class _Connection(asyncio.BufferedProtocol):
+    """One Kafka connection to a leader, one request at a time. Answers are read straight
+    into a ``FrameReader``'s memory (``recv_into``: no stream buffer copying each answer
+    twice); an answer's records stay views of it, so its chunk is lent out until the next
+    request, by when the fetcher has applied them."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._reader = FrameReader(max_frame_bytes, _READ_BUFFER_BYTES)
+        self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
+        self._answer: asyncio.Future[memoryview] | None = None
+        self._lent: Chunk | None = None  # the last answer's memory
+        self._failure: BaseException | None = None  # the connection is unusable
 
     @classmethod
-    async def open(cls, host: str, port: int) -> _Connection:
+    async def open(cls, host: str, port: int, max_frame_bytes: int) -> _Connection:
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT_BYTES)
-        sock = writer.get_extra_info("socket")
+            transport, connection = await loop.create_connection(
+                lambda: cls(max_frame_bytes), host, port
+            )
+        sock = transport.get_extra_info("socket")
         if sock is not None:  # small requests: never wait for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer)
+        return connection
 
     async def request(
         self, api_key: int, version: int, body: dict[str, Any], max_bytes: int
     ) -> Any:
+        """The decoded answer (views of this connection's memory until the next request).
+        One request at a time; requests are small, so no write buffer builds up."""
+        FrameReader.release(self._lent)
+        self._lent = None
+        if self._failure is not None:
+            raise self._failure
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise EOFError("the connection is closed")
         correlation_id = next(self._ids)
         for part in encode_request(api_key, version, correlation_id, "runnel-replica", body):
             if not isinstance(part, bytes | bytearray | memoryview):  # never in a request
                 raise ProtocolError(f"a request cannot carry {part!r}")
-            self.writer.write(part)
-        await self.writer.drain()
-        (size,) = _SIZE.unpack(await self.reader.readexactly(4))
-        if not 0 < size <= max_bytes:
-            raise ProtocolError(f"a {size}-byte response is over the {max_bytes}-byte limit")
-        frame = await self.reader.readexactly(size)
-        got, value = decode_response(api_key, version, memoryview(frame))
+            transport.write(part)
+        self._answer = asyncio.get_running_loop().create_future()
+        try:
+            frame = await self._answer
+        finally:
+            self._answer = None
+        if len(frame) > max_bytes:
+            raise ProtocolError(f"a {len(frame)}-byte response is over the {max_bytes}-byte limit")
+        got, value = decode_response(api_key, version, frame)
         if got != correlation_id:
             raise ProtocolError(f"correlation id {got}, expected {correlation_id}")
         return value
 
     def close(self) -> None:
-        self.writer.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- asyncio.BufferedProtocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.recv_target()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._reader.received(nbytes)
+        try:
+            item = self._reader.next_frame()
+        except FrameSizeError as e:
+            self._fail(ProtocolError(f"a {e.size}-byte response is over the {e.limit}-byte limit"))
+            return
+        if item is None:
+            return
+        frame, chunk = item
+        answer = self._answer
+        if answer is None or answer.done() or self._reader.buffered_bytes:
+            self._fail(ProtocolError("the leader sent a response to no request"))
+            return
+        FrameReader.retain(chunk)
+        self._lent = chunk
+        answer.set_result(frame)
+
+    def eof_received(self) -> bool:
+        self._fail(EOFError("the leader closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc if exc is not None else EOFError("the connection was closed"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        answer = self._answer
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)
+        if self._transport is not None:
+            self._transport.close()
 
 
 class ReplicaFetcher:
@@ -262,7 +324,8 @@ class ReplicaFetcher:
             address = self.address_of(self.leader_id)
             if address is None:
                 raise OSError(f"broker {self.leader_id} has no known address")
-            self._connection = await _Connection.open(*address)
+            limit = self.config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
+            self._connection = await _Connection.open(*address, limit)
         return self._connection
 
     def _disconnect(self) -> None:
