@@ -12,7 +12,10 @@ pinning its chunk until ``release`` (when the response is produced): while a chu
 reader never writes over memory already handed out; when it needs room it starts a fresh
 chunk instead and the pinned one lives as long as the views into it. A frame too big for a
 chunk gets a buffer of its own, allocated once when its size prefix arrives and filled by
-``recv_into`` directly. The size prefix is checked against the limit before any of the body
+``recv_into`` directly; it is lent and released like a chunk, and with ``keep_large_bytes``
+the reader keeps one such buffer (up to that size) to reuse for the next big frame once it
+is released, instead of allocating and faulting in fresh memory for every one (a follower's
+1 MiB fetch answers). The size prefix is checked against the limit before any of the body
 is read.
 
 ``ResponseQueue`` keeps responses in request order: a request answered later ``reserve``s a
@@ -82,14 +85,17 @@ class Chunk:
 class FrameReader:
     """Splits a byte stream of size-prefixed frames. See the module docstring."""
 
-    def __init__(self, max_frame_bytes: int, buffer_bytes: int) -> None:
+    def __init__(self, max_frame_bytes: int, buffer_bytes: int, keep_large_bytes: int = 0) -> None:
         self._max_frame_bytes = max_frame_bytes
         self._buffer_bytes = buffer_bytes
+        self._keep_large_bytes = keep_large_bytes
         self._chunk = Chunk(buffer_bytes)
         self._start = 0  # first byte not handed out
         self._end = 0  # end of the bytes received
-        self._large: bytearray | None = None  # a frame bigger than half a chunk
+        self._large: Chunk | None = None  # the buffer of a frame bigger than half a chunk
+        self._large_size = 0  # that frame's size (its buffer may be bigger)
         self._large_filled = 0
+        self._spare: Chunk | None = None  # a big frame's buffer kept for reuse
 
     @property
     def buffered_bytes(self) -> int:
@@ -100,7 +106,7 @@ class FrameReader:
     def recv_target(self) -> memoryview:
         """Where the next ``recv_into`` should write; then call ``received``."""
         if self._large is not None:
-            return memoryview(self._large)[self._large_filled :]
+            return self._large.view[self._large_filled : self._large_size]
         if self._start == self._end and self._chunk.lent == 0:
             self._start = self._end = 0
         elif self._buffer_bytes - self._end < self._buffer_bytes // 8:
@@ -115,11 +121,12 @@ class FrameReader:
 
     def next_frame(self) -> tuple[memoryview, Chunk | None] | None:
         """The next complete frame (without its prefix) and its chunk, for ``retain``."""
-        if self._large is not None:
-            if self._large_filled < len(self._large):
+        large = self._large
+        if large is not None:
+            if self._large_filled < self._large_size:
                 return None
-            frame, self._large = memoryview(self._large), None
-            return frame, None
+            self._large = None
+            return large.view[: self._large_size], large
         available = self._end - self._start
         if available < SIZE_PREFIX_BYTES:
             return None
@@ -149,10 +156,16 @@ class FrameReader:
             invariant(chunk.lent >= 0, "a frame was released twice")
 
     def _start_large(self, begin: int, size: int) -> None:
-        self._large = bytearray(size)
+        spare = self._spare
+        if spare is not None and spare.lent == 0 and len(spare.data) >= size:
+            large = spare
+        else:
+            large = Chunk(size)
+            if size <= self._keep_large_bytes:
+                self._spare = large
         have = self._end - begin
-        self._large[:have] = self._chunk.view[begin : self._end]
-        self._large_filled = have
+        large.view[:have] = self._chunk.view[begin : self._end]
+        self._large, self._large_size, self._large_filled = large, size, have
         self._start = self._end
 
     def _make_room(self) -> None:

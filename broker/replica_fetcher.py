@@ -131,7 +131,8 @@ class _Connection(asyncio.BufferedProtocol):
     request, by when the fetcher has applied them."""
 
     def __init__(self, max_frame_bytes: int) -> None:
-        self._reader = FrameReader(max_frame_bytes, _READ_BUFFER_BYTES)
+        # One big answer's buffer is kept for the next (at most max_frame_bytes).
+        self._reader = FrameReader(max_frame_bytes, _READ_BUFFER_BYTES, max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._answer: asyncio.Future[memoryview] | None = None

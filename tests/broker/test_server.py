@@ -574,6 +574,76 @@ def test_the_frame_reader_returns_each_frame_intact(
     assert all(bytes(view) == copy for view, copy, _ in held)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=1500), max_size=20),
+    st.lists(st.integers(1, 2000), min_size=1, max_size=20),
+    st.lists(st.booleans(), min_size=1, max_size=20),
+    st.sampled_from([0, 1000, 1500]),
+)
+def test_big_frames_are_intact_and_their_buffer_is_reused_only_once_released(
+    frames: list[bytes], reads: list[int], hold: list[bool], keep: int
+) -> None:
+    """Frames over half a chunk get a buffer of their own; with ``keep_large_bytes`` one is
+    kept and reused, never while a frame in it is held."""
+    stream = b"".join(SIZE.pack(len(f)) + f for f in frames)
+    reader = FrameReader(max_frame_bytes=1500, buffer_bytes=1024, keep_large_bytes=keep)
+    got: list[bytes] = []
+    held: list[tuple[memoryview, bytes, Any]] = []
+    buffers: set[int] = set()  # ids of the big frames' buffers
+    alive: list[memoryview] = []
+    big = 0
+    at = step = 0
+    while len(got) < len(frames):
+        target = reader.recv_target()
+        count = min(len(target), reads[step % len(reads)], len(stream) - at)
+        target[:count] = stream[at : at + count]
+        reader.received(count)
+        at += count
+        while (item := reader.next_frame()) is not None:
+            view, chunk = item
+            got.append(bytes(view))
+            if len(view) > 512:
+                big += 1
+                buffers.add(id(view.obj))
+                alive.append(view)  # no id is reused while the test runs
+            if hold[len(got) % len(hold)]:
+                reader.retain(chunk)
+                held.append((view, bytes(view), chunk))
+        if held and step % 3 == 0:
+            view, copy, chunk = held.pop(0)
+            assert bytes(view) == copy
+            reader.release(chunk)
+        step += 1
+    assert got == frames
+    assert all(bytes(view) == copy for view, copy, _ in held)
+    if keep == 0:
+        assert len(buffers) == big  # a fresh buffer for every big frame
+
+
+def test_a_kept_big_frame_buffer_is_reused_once_released_and_not_before() -> None:
+    reader = FrameReader(max_frame_bytes=1500, buffer_bytes=1024, keep_large_bytes=1500)
+
+    def big_frame(fill: int) -> tuple[memoryview, Any]:
+        data = SIZE.pack(900) + bytes([fill]) * 900
+        while (item := reader.next_frame()) is None:
+            target = reader.recv_target()
+            count = min(len(target), len(data), 100)  # the size arrives before the body
+            target[:count], data = data[:count], data[count:]
+            reader.received(count)
+        return item
+
+    first, chunk = big_frame(1)
+    second, _ = big_frame(2)  # the first was not held: its buffer is reused
+    assert second.obj is first.obj and bytes(second) == b"\x02" * 900
+    reader.retain(chunk)
+    third, _ = big_frame(3)  # held: a new buffer, which is the one kept from now on
+    assert third.obj is not second.obj and bytes(second) == b"\x02" * 900
+    reader.release(chunk)
+    fourth, _ = big_frame(4)
+    assert fourth.obj is third.obj and bytes(fourth) == b"\x04" * 900
+
+
 def test_the_frame_reader_checks_the_size_before_the_body() -> None:
     reader = FrameReader(max_frame_bytes=10, buffer_bytes=1024)
     target = reader.recv_target()
