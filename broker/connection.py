@@ -13,10 +13,10 @@ reader never writes over memory already handed out; when it needs room it starts
 chunk instead and the pinned one lives as long as the views into it. A frame too big for a
 chunk gets a buffer of its own, allocated once when its size prefix arrives and filled by
 ``recv_into`` directly; it is lent and released like a chunk, and with ``keep_large_bytes``
-the reader keeps one such buffer (up to that size) to reuse for the next big frame once it
-is released, instead of allocating and faulting in fresh memory for every one (a follower's
-1 MiB fetch answers). The size prefix is checked against the limit before any of the body
-is read.
+the reader keeps one such buffer (up to that size) and reuses it for the next big frame
+unless a frame in it is still lent, instead of allocating and faulting in fresh memory for
+every one (a follower's 1 MiB fetch answers). The size prefix is checked against the limit
+before any of the body is read.
 
 ``ResponseQueue`` keeps responses in request order: a request answered later ``reserve``s a
 slot, which ``complete`` fills (``None``: nothing to send), moving every completed slot at the
