@@ -109,8 +109,6 @@ class ServerConfig:
     socket_send_buffer_bytes: int = -1  # SO_SNDBUF; -1: the OS default
     socket_receive_buffer_bytes: int = -1  # SO_RCVBUF; -1: the OS default
     read_buffer_bytes: int = 64 * 1024  # one recv_into; a frame over half of it gets its own
-    # A frame's own buffer up to this size is kept for the connection's next big frame; 0: none.
-    read_buffer_keep_bytes: int = MIB
     listen_backlog: int = 1024
     close_timeout_ms: int = 1000  # Server.close waits this long for cancelled handlers
 
@@ -120,9 +118,6 @@ class ServerConfig:
             if name.startswith("socket_") and name.endswith("_buffer_bytes"):
                 if value != -1 and value < 1:
                     raise ValueError(f"{name} must be -1 (OS default) or positive, got {value}")
-            elif name == "read_buffer_keep_bytes":
-                if value < 0:
-                    raise ValueError(f"{name} must be at least 0, got {value}")
             elif value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.socket_request_max_bytes > _MAX_SIZE_PREFIX:
@@ -147,11 +142,7 @@ class _Connection:
         self._handler = server.handler
         self._max_in_flight = config.max_in_flight_requests_per_connection
         self._max_buffered_bytes = config.max_buffered_response_bytes_per_connection
-        self._reader = FrameReader(
-            config.socket_request_max_bytes,
-            config.read_buffer_bytes,
-            config.read_buffer_keep_bytes,
-        )
+        self._reader = FrameReader(config.socket_request_max_bytes, config.read_buffer_bytes)
         self._out = ResponseQueue()
         self._in_flight = 0
         self._reading = self._writing = self._closed = False

@@ -259,30 +259,6 @@ def test_a_5_mb_request_and_a_5_mb_response() -> None:
     run(test)
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-def test_a_kept_big_frame_buffer_is_not_reused_while_its_request_is_in_flight(loop: str) -> None:
-    """Every frame here is bigger than the chunk, so each gets a buffer of its own and the
-    connection keeps one for reuse: the gated request's frame must stay intact meanwhile."""
-
-    async def test() -> None:
-        handler = Handler()
-        server = await started(handler, read_buffer_bytes=1024, read_buffer_keep_bytes=8192)
-        client = await Client.connect(server.port)
-        payloads = [os.urandom(3000) for _ in range(4)]
-        await client.send(
-            frame(b"W", 1, payloads[0]), *(frame(b"E", i, payloads[i - 1]) for i in (2, 3))
-        )
-        await eventually(lambda: handler.calls == 3, "three requests handled")
-        handler.open_gate(1)  # its handler checks that its frame was not written over
-        for rid in (1, 2, 3):
-            assert await client.receive() == (rid, payloads[rid - 1])
-        await client.ask(4, payloads[3])  # the kept buffer again, now free
-        client.close()
-        await server.close()
-
-    run(test, loop)
-
-
 # -- bad input and failing handlers ----------------------------------------------------------
 
 
@@ -480,7 +456,6 @@ def test_config_is_validated() -> None:
         {"socket_send_buffer_bytes": 0},
         {"socket_request_max_bytes": 2**31},
         {"read_buffer_bytes": 100},
-        {"read_buffer_keep_bytes": -1},
     ]:
         with pytest.raises(ValueError):
             ServerConfig(**bad)
