@@ -10,15 +10,15 @@ How this works. A broker context over real partition logs in a temporary directo
 ``--dir``, its metadata image built from controller records, the real dispatcher and codec:
 
   produce  a Produce v9 request (one batch of 100-byte records of ``--batch-bytes``, acks=1)
-           for a partition with one replica, handled over and over: the user CPU per request
-           (``getrusage``; the kernel's part, mostly the page-cache write, is left out).
+           for a partition with one replica, handled over and over: the CPU per request
+           (``process_time``: user and kernel, the kernel's part mostly the page-cache write).
   fetch    one batch produced to each of two partitions with three replicas, then a
            follower's Fetch v12 of both from where it stopped (no session): the time of the
            fetch's handling alone, per fetch (``perf_counter``; it reads no record bytes).
   raw      the baseline, in the same run: the least Python any broker spends on the same
            produce request (one ``unpack_from`` of its header fields, CRC-32C of the batch,
-           the ``pwrite``, one ``pack`` of an answer): its user CPU per request, and the
-           produce figure's ratio to it.
+           the ``pwrite``, one ``pack`` of an answer): its CPU per request, measured the
+           same way, and the produce figure's ratio to it.
 
 Each figure is the best of ``--repeats`` runs of ``--requests`` requests, the kinds in turn.
 The last line printed is one JSON object.
