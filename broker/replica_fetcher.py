@@ -151,11 +151,10 @@ class _Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
-    async def request(
-        self, api_key: int, version: int, body: dict[str, Any], max_bytes: int
-    ) -> Any:
-        """The decoded answer (views of this connection's memory until the next request).
-        One request at a time; requests are small, so no write buffer builds up."""
+    async def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        """The decoded answer (views of this connection's memory until the next request),
+        within the connection's frame limit. One request at a time; requests are small, so
+        no write buffer builds up."""
         FrameReader.release(self._lent)
         self._lent = None
         if self._failure is not None:
@@ -173,8 +172,6 @@ class _Connection(asyncio.BufferedProtocol):
             frame = await self._answer
         finally:
             self._answer = None
-        if len(frame) > max_bytes:
-            raise ProtocolError(f"a {len(frame)}-byte response is over the {max_bytes}-byte limit")
         got, value = decode_response(api_key, version, frame)
         if got != correlation_id:
             raise ProtocolError(f"correlation id {got}, expected {correlation_id}")
@@ -387,9 +384,8 @@ class ReplicaFetcher:
         }
         self.full_fetches += request.full
         timeout_s = (config.fetch_wait_max_ms + config.request_timeout_ms) / 1000
-        limit = config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
         async with asyncio.timeout(timeout_s):
-            return await connection.request(ApiKey.FETCH, FETCH_VERSION, body, limit)
+            return await connection.request(ApiKey.FETCH, FETCH_VERSION, body)
 
     def _position(self, followed: _Followed) -> FetchPosition:
         position = followed.position

@@ -93,7 +93,7 @@ def leader_run(answer: Answer, test: Callable[[_Connection], Coroutine[Any, Any,
 
 
 async def fetch(connection: _Connection) -> Any:
-    return await connection.request(ApiKey.FETCH, FETCH_VERSION, fetch_body(), LIMIT)
+    return await connection.request(ApiKey.FETCH, FETCH_VERSION, fetch_body())
 
 
 def records_of(value: Any) -> bytes:

@@ -57,7 +57,7 @@ class _Connection:
         self.bodies: list[dict[str, Any]] = []
         self.answer = _Answer([])
 
-    async def request(self, api_key: int, version: int, body: dict[str, Any], limit: int) -> Any:
+    async def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
         self.bodies.append(body)
         return self.answer
 
