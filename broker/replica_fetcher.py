@@ -30,9 +30,18 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    ``replication.follower.apply_fetch_answer`` does the rest: records are appended verbatim
    with the leader's HW and log start; a diverging epoch truncates (never to a stale HW:
    KIP-101/279) and the next fetch carries the new last epoch; OFFSET_OUT_OF_RANGE restarts
-   at the leader's log start or truncates to its HW. Any other error (NOT_LEADER_OR_FOLLOWER,
-   FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the metadata image will bring the new leader or
-   epoch) and a storage error rest the partition for ``replica_fetch_backoff_ms``.
+   at the leader's log start or truncates to its HW. An answer saying that the two brokers'
+   metadata disagree (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+   UNKNOWN_TOPIC_OR_PARTITION) rests the partition briefly: ``METADATA_REST_FIRST_S``,
+   doubling with each such answer in a row up to ``replica_fetch_backoff_ms``. If this broker
+   is the one behind, its metadata image brings the new leader or epoch and following anew
+   ends the rest; but after an election the new leader is often the one behind (by the
+   milliseconds until it applies the same record: it answers UNKNOWN_LEADER_EPOCH), and
+   nothing would end a full rest early, so acks=all writes to the new leader stalled for the
+   whole backoff (a second by default) in about a third of the benchmark's failovers. Any
+   other error and a storage error rest it for ``replica_fetch_backoff_ms``. While a
+   partition rests, a request waits at most until its rest ends (``max_wait_ms``), so a long
+   poll on the others does not keep it waiting.
 
 A session error in the answer (an unknown session, a wrong epoch) makes the next request a
 full one, sent at once; so does a connection error, which also closes the connection: the
@@ -49,6 +58,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -85,11 +95,12 @@ MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
 MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
 POSITION_REFRESH_S = 1.0  # every partition's position is read afresh at least this often
+METADATA_REST_FIRST_S = 0.01  # the first rest after a metadata disagreement (module doc)
 _READ_BUFFER_BYTES = 1 << 20  # answers up to half of it are read with others; bigger ones alone
 SESSION_ERRORS = frozenset(  # the next request is a full one, sent at once
     {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
 )
-_RESTING_ERRORS = frozenset(
+_METADATA_ERRORS = frozenset(  # the leader and this broker disagree on the partition's state
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
         ErrorCode.FENCED_LEADER_EPOCH,
@@ -122,6 +133,9 @@ class _Followed:
     # log end and last epoch change only then (``POSITION_REFRESH_S``: the log start also
     # moves by retention, behind the fetcher's back).
     position: FetchPosition | None = None
+    # Metadata-disagreement answers in a row (each doubles the next rest), since the last
+    # answer applied or since the partition was followed.
+    disagreements: int = 0
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -236,6 +250,7 @@ class ReplicaFetcher:
         self.session_errors = 0  # answers refusing the session (the next fetch is full)
         self.bytes_appended = 0
         self.truncations = 0
+        self.metadata_rests = 0  # rests after a metadata disagreement with the leader
         self.session = FetchSessionClient()
         # What the next incremental request must look at: partitions followed or unfollowed,
         # whose answer was applied, that began or ended a rest (all of them at a refresh).
@@ -370,9 +385,12 @@ class ReplicaFetcher:
         forgotten: dict[str, list[int]] = {}
         for topic, index in request.forgotten:
             forgotten.setdefault(topic, []).append(index)
+        wait_ms = config.fetch_wait_max_ms
+        if resting:  # answer by the time a rest ends, so that the partition is fetched then
+            wait_ms = max(0, min(wait_ms, math.ceil((min(resting.values()) - now) * 1000)))
         body = {
             "replica_id": config.broker_id,
-            "max_wait_ms": config.fetch_wait_max_ms,
+            "max_wait_ms": wait_ms,
             "min_bytes": 1,
             "max_bytes": config.fetch_response_max_bytes,
             "isolation_level": 0,
@@ -456,14 +474,31 @@ class ReplicaFetcher:
                 None if diverging is None else (diverging.epoch, diverging.end_offset),
             ),
         )
-        if done.outcome is Outcome.APPENDED:
-            self.bytes_appended += done.bytes_appended
-            return
         if done.outcome is Outcome.REST:
             code = answer.error_code
-            if code not in _RESTING_ERRORS:
+            if code in _METADATA_ERRORS:
+                longest_s = self.config.fetch_backoff_ms / 1000
+                rest_s = min(METADATA_REST_FIRST_S * 2**followed.disagreements, longest_s)
+                if followed.disagreements == 0:  # the first in a row: around elections
+                    _log.info(
+                        "%r: broker %d answered error %d (its metadata or ours is behind): "
+                        "fetching it again in %.0f ms",
+                        partition,
+                        self.leader_id,
+                        code,
+                        rest_s * 1000,
+                    )
+                if rest_s < longest_s:
+                    followed.disagreements += 1
+                self.metadata_rests += 1
+                self._rest(followed, rest_s)
+            else:
                 _log.warning("%r: fetch from broker %d: error %d", partition, self.leader_id, code)
-            self._rest(followed)
+                self._rest(followed)
+            return
+        followed.disagreements = 0
+        if done.outcome is Outcome.APPENDED:
+            self.bytes_appended += done.bytes_appended
             return
         self.truncations += 1
         _log.info(
@@ -479,9 +514,13 @@ class ReplicaFetcher:
             done.log_end_after,
         )
 
-    def _rest(self, followed: _Followed) -> None:
+    def _rest(self, followed: _Followed, seconds: float | None = None) -> None:
+        """Leave the partition out of requests for ``seconds`` (by default the fetch
+        backoff)."""
         key = followed.partition.key
-        self._resting[key] = time.monotonic() + self.config.fetch_backoff_ms / 1000
+        if seconds is None:
+            seconds = self.config.fetch_backoff_ms / 1000
+        self._resting[key] = time.monotonic() + seconds
         self._dirty.add(key)
         followed.position = None
 

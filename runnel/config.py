@@ -144,7 +144,7 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = 500  # a follower's long poll on its leader
     replica_fetch_max_bytes: int = 1_048_576  # per partition per follower fetch
     replica_fetch_response_max_bytes: int = 10_485_760  # per follower fetch
-    replica_fetch_backoff_ms: int = 1000  # a partition's rest after a fetch error
+    replica_fetch_backoff_ms: int = 1000  # a partition's rest after a fetch error (the longest)
     replica_high_watermark_checkpoint_interval_ms: int = 5000
 
     def __post_init__(self) -> None:

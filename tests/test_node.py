@@ -86,6 +86,7 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             # one broker, replication factor 1: full ISRs, nothing followed
             assert 'runnel_kafka_under_replicated_partitions{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_partitions_following{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_replica_metadata_rests{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_isr_changes_proposed{node_id="1"} 0.0' in metrics
         finally:
             await node.stop()  # controlled shutdown first

@@ -195,3 +195,75 @@ def test_a_request_looks_only_at_what_changed_and_rests_are_forgotten_then_named
         assert named(await fetch_once()) == {0: (0, 0)}
 
     asyncio.run(main())
+
+
+class _Clock:
+    """The fetcher's ``time``: a monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_metadata_disagreement_rests_briefly_doubling_and_other_errors_the_backoff(
+    followers: list[Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an election the new leader may not have applied it yet (UNKNOWN_LEADER_EPOCH):
+    nothing on this side would end a full rest early, so such answers rest the partition
+    10 ms, doubling while they repeat, up to the fetch backoff; an answer applied starts
+    again at 10 ms. Any other error rests the whole backoff. A request waits no longer than
+    the shortest rest, so a rested partition is fetched again when its rest ends."""
+    clock = _Clock()
+    monkeypatch.setattr(fetcher_module, "time", clock)
+    monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
+    backoff_s = 0.1
+
+    async def main() -> None:
+        config = FetcherConfig(broker_id=ME, fetch_backoff_ms=int(backoff_s * 1000))
+        fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
+        for p in followers:
+            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        key = followers[1].key
+        connection = _Connection()
+
+        async def fetch_once(code: int | None = None, records: bytes = b"") -> dict[str, Any]:
+            """One request; partition 1 answered with ``code`` (None: not answered)."""
+            assert fetcher._any_ready()
+            if code is None:
+                connection.answer = _Answer([])
+            else:
+                answer = _PartitionAnswer(1, records, -1 if code else 0)
+                answer.error_code = code
+                connection.answer = _Answer([answer])
+            response = await fetcher._fetch(connection)
+            fetcher._handle(response, fetcher._requests)
+            return connection.bodies[-1]
+
+        def rest_s() -> float:
+            return fetcher._resting[key] - clock.now
+
+        body = await fetch_once()
+        assert body["max_wait_ms"] == config.fetch_wait_max_ms  # nothing rests
+        rests = []
+        for code in [ErrorCode.UNKNOWN_LEADER_EPOCH] * 3 + [ErrorCode.NOT_LEADER_OR_FOLLOWER] * 2:
+            await fetch_once(code)
+            rests.append(rest_s())
+            body = await fetch_once()  # partition 0 alone, while 1 rests
+            assert 1 not in named(body)
+            assert body["max_wait_ms"] in (round(rests[-1] * 1000), round(rests[-1] * 1000) + 1)
+            clock.now += rests[-1]  # the rest ends: named again in the next request
+        assert rests == pytest.approx([0.01, 0.02, 0.04, 0.08, backoff_s])
+        await fetch_once(ErrorCode.NONE, make_batch([b"a"]))
+        assert followers[1].log.log_end_offset == 1 and key not in fetcher._resting
+        await fetch_once(ErrorCode.FENCED_LEADER_EPOCH)
+        assert rest_s() == pytest.approx(0.01), "an answer applied did not start again at 10 ms"
+        clock.now += rest_s()
+        await fetch_once(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        assert rest_s() == pytest.approx(0.02)
+        clock.now += rest_s()
+        await fetch_once(ErrorCode.UNKNOWN_SERVER_ERROR)
+        assert rest_s() == pytest.approx(backoff_s), "another error did not rest the backoff"
+
+    asyncio.run(main())
