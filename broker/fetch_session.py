@@ -361,6 +361,10 @@ class IncrementalFetch:
             self._keys = [key for key, _ in self.partitions]
         return self._keys
 
+    def holds(self, key: PartitionKey) -> bool:
+        """Whether ``key`` is in the session (read by this request or watched as quiet)."""
+        return key in self.session.partitions
+
     def skip_quiet(self, quiet: Callable[[PartitionKey, _Cached, _Watch], bool]) -> None:
         """Read, answer and wait on only the partitions the session does not watch and for
         which ``quiet`` (given each one's request, what the client last heard, and a watch

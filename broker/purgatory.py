@@ -1,19 +1,31 @@
 """The fetch purgatory: long-polling fetches parked until their partitions have new data.
 
-How this works. A Fetch that finds fewer than ``min_bytes`` ready parks here with ``wait``:
+How this works. A Fetch that finds fewer than ``min_bytes`` ready parks here with ``park``:
 one waiter per request, registered under each of its partitions (``keys``). When a partition's
 high watermark moves, the partition calls ``notify(key, bytes)`` (it is one of the
 ``Partition.on_append`` listeners) and each waiter on that key adds the bytes to its count;
 a waiter whose count reaches its ``min_bytes`` wakes. So an append costs O(waiters on that
 partition), and nothing polls. A waiter also wakes when its timeout passes (one event-loop
 timer each), when ``wake(key)`` says a partition changed leader or went away (so the fetch
-re-reads and answers the new error at once), and when ``cancel_all`` shuts the broker down.
+re-reads and answers the new error at once), when ``wake_owner(id)`` names the broker whose
+fetch it is (a follower's, ``owner``: a new leader wakes its followers' parked fetches so
+that they can name the new partition: ``broker.awaited_followers``), and when
+``cancel_all`` shuts the broker down.
 
-``wait`` counts bytes appended *after* it was called: the caller reads first and asks for
+``park`` counts bytes appended *after* it was called: the caller reads first and asks for
 what is missing (``min_bytes - bytes already read``). Bytes are those that became readable
 by consumers (below the high watermark) in the consumers' purgatory, and bytes appended to a
 leader's log in the followers' (the broker keeps one of each: follower fetches read to the
 log end, so they wake on appends, not on the high watermark).
+
+``park`` registers the waiter at once and returns its future, so that the read and the
+registration happen in one event-loop callback: the fetch handler parks before it returns
+its coroutine, and an append handled before that coroutine first runs still wakes it.
+``wait`` is the same as a coroutine, and registers only when its task first runs; the fetch
+handler used it until 2026-11-24, and an append in that gap left the fetch waiting its whole
+timeout with the data there. A waiter unregisters itself when its future is done (woken,
+timed out or cancelled), so one whose task is cancelled before it ever ran is gone by its
+timeout.
 
 Limits: at most ``max_waiters`` parked fetches. One more is answered at once (as if it had
 timed out; the client simply fetches again), counted in ``overflows`` and logged, so a
@@ -43,24 +55,29 @@ class WakeReason(enum.Enum):
 
     BYTES = "bytes"  # min_bytes arrived
     TIMEOUT = "timeout"
-    LEADERSHIP = "leadership"  # a partition changed leader or was removed
+    LEADERSHIP = "leadership"  # a partition changed leader or was removed, or a new one awaits
     CANCELLED = "cancelled"  # shutdown
     OVERFLOW = "overflow"  # too many waiters already: answered at once
 
 
 class _Waiter:
-    __slots__ = ("future", "keys", "min_bytes", "received")
+    __slots__ = ("future", "keys", "min_bytes", "owner", "poke", "received", "timer")
 
     def __init__(
         self,
         future: asyncio.Future[WakeReason],
         keys: Sequence[Key],
         min_bytes: int,
+        poke: Callable[[Callable[[Key, int], None] | None], None] | None,
+        owner: int | None,
     ):
         self.future = future
         self.keys = keys
         self.min_bytes = min_bytes
+        self.poke = poke
+        self.owner = owner
         self.received = 0
+        self.timer: asyncio.TimerHandle | None = None
 
     def wake(self, reason: WakeReason) -> None:
         if not self.future.done():
@@ -87,6 +104,7 @@ class FetchPurgatory:
         self.max_waiters = max_waiters
         self.overflows = 0  # fetches answered at once because max_waiters were parked
         self._by_key: dict[Key, set[_Waiter]] = {}
+        self._by_owner: dict[int, set[_Waiter]] = {}
         self._waiting = 0
         self._closed = False
 
@@ -101,35 +119,46 @@ class FetchPurgatory:
         min_bytes: int,
         timeout_ms: int,
         poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
+        owner: int | None = None,
     ) -> WakeReason:
-        """Return once ``min_bytes`` have become readable across ``keys`` since the call,
-        or ``timeout_ms`` passed, or a partition changed leader, or shutdown began.
-        ``min_bytes <= 0`` or ``timeout_ms <= 0`` return at once; no keys waits the timeout
-        (an empty incremental fetch waits too). ``poke``, if given, is handed a function
-        that feeds this wait as ``notify`` does, for partitions not among ``keys`` (bytes -1:
-        as ``wake``), while it is parked, and None once it is not."""
-        if min_bytes <= 0:
-            return WakeReason.BYTES
-        if timeout_ms <= 0:
-            return WakeReason.TIMEOUT
-        if self._closed:
-            return WakeReason.CANCELLED
-        if self._waiting >= self.max_waiters:
-            self._overflow()
-            return WakeReason.OVERFLOW
+        """``park`` as a coroutine: it registers only when it first runs (module doc)."""
+        return await self.park(keys, min_bytes, timeout_ms, poke, owner)
+
+    def park(
+        self,
+        keys: Sequence[Key],
+        min_bytes: int,
+        timeout_ms: int,
+        poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
+        owner: int | None = None,
+    ) -> asyncio.Future[WakeReason]:
+        """A future, registered now, done once ``min_bytes`` have become readable across
+        ``keys`` since the call, or ``timeout_ms`` passed, or a partition changed leader, or
+        shutdown began. ``min_bytes <= 0`` or ``timeout_ms <= 0`` are done at once; no keys
+        waits the timeout (an empty incremental fetch waits too). ``poke``, if given, is
+        handed a function that feeds this wait as ``notify`` does, for partitions not among
+        ``keys`` (bytes -1: as ``wake``), while it is parked, and None once it is not.
+        ``owner``, if given, is the broker whose fetch this is, for ``wake_owner``.
+        Cancelling the future unparks it."""
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), tuple(keys), min_bytes)
-        timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
-        self._park(waiter)
-        if poke is not None:
-            poke(waiter.feed)
-        try:
-            return await waiter.future
-        finally:
-            timer.cancel()
-            self._unpark(waiter)
+        future: asyncio.Future[WakeReason] = loop.create_future()
+        if min_bytes <= 0:
+            future.set_result(WakeReason.BYTES)
+        elif timeout_ms <= 0:
+            future.set_result(WakeReason.TIMEOUT)
+        elif self._closed:
+            future.set_result(WakeReason.CANCELLED)
+        elif self._waiting >= self.max_waiters:
+            self._overflow()
+            future.set_result(WakeReason.OVERFLOW)
+        else:
+            waiter = _Waiter(future, tuple(keys), min_bytes, poke, owner)
+            waiter.timer = loop.call_later(timeout_ms / 1000, waiter.wake, WakeReason.TIMEOUT)
+            self._park(waiter)
+            future.add_done_callback(lambda _: self._unpark(waiter))
             if poke is not None:
-                poke(None)
+                poke(waiter.feed)
+        return future
 
     def notify(self, key: Key, bytes_appended: int) -> None:
         """``bytes_appended`` became readable on ``key``: wake the waiters that have enough.
@@ -145,6 +174,11 @@ class FetchPurgatory:
         for waiter in self._by_key.get(key, ()):
             waiter.wake(WakeReason.LEADERSHIP)
 
+    def wake_owner(self, owner: int) -> None:
+        """The parked fetches of broker ``owner`` answer now."""
+        for waiter in self._by_owner.get(owner, ()):
+            waiter.wake(WakeReason.LEADERSHIP)
+
     def cancel_all(self) -> None:
         """Shutdown: wake every waiter, and answer later calls at once."""
         self._closed = True
@@ -157,15 +191,26 @@ class FetchPurgatory:
         self._waiting += 1
         for key in waiter.keys:
             self._by_key.setdefault(key, set()).add(waiter)
+        if waiter.owner is not None:
+            self._by_owner.setdefault(waiter.owner, set()).add(waiter)
 
     def _unpark(self, waiter: _Waiter) -> None:
         self._waiting -= 1
+        if waiter.timer is not None:
+            waiter.timer.cancel()
         for key in waiter.keys:
             waiters = self._by_key.get(key)
             if waiters is not None:
                 waiters.discard(waiter)
                 if not waiters:
                     del self._by_key[key]
+        if waiter.owner is not None:
+            owned = self._by_owner[waiter.owner]
+            owned.discard(waiter)
+            if not owned:
+                del self._by_owner[waiter.owner]
+        if waiter.poke is not None:
+            waiter.poke(None)
 
     def _overflow(self) -> None:
         self.overflows += 1

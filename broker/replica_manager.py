@@ -29,7 +29,10 @@ topic to change. A pass stops at the first refusal for descriptors (the rest wou
 refused too, and each try costs a log lookup) and after ``max_new_logs_per_apply`` new logs.
 
 Whenever a partition's leader or leader epoch changes, or it goes away, long-polling fetches
-parked on it in the purgatory are woken, so they answer with the new state at once.
+parked on it in the purgatory are woken, so they answer with the new state at once. When
+this broker becomes a partition's leader, or its replicas change while it leads, the other
+replicas are awaited (``broker.awaited_followers``: their parked fetches are woken, and
+their long polls kept short until they fetch the partition).
 
 Topic configs. A partition's log config is the node's ``[log]`` defaults, overlaid with the
 dynamic cluster-wide and then this broker's broker configs (Kafka's broker names,
@@ -70,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.awaited_followers import AwaitedFollowers
 from broker.purgatory import FetchPurgatory
 from controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS, topic_log_config
 from controller.image import MetadataImage, PartitionState, TopicImage
@@ -244,6 +248,7 @@ class ReplicaManager:
         self.replica_purgatory = replica_purgatory  # follower fetches: woken on appends
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.clock_ms = clock_ms
+        self.awaited = AwaitedFollowers(clock_ms)  # followers of partitions newly led here
         # Set by the broker: ISR proposals (AlterPartition), and the follower fetchers
         # told of each partition that starts or stops following a leader.
         self.propose_isr: IsrProposer | None = None
@@ -387,6 +392,7 @@ class ReplicaManager:
                 return  # refused (logged): not counted, or refusals could fill every call
             self._new_logs_left -= 1
         before = (partition.role, partition.leader_id, partition.leader_epoch)
+        replicas_before = partition.replicas if partition.role is Role.LEADER else ()
         if state.leader == self.broker_id:
             partition.make_leader(state, now_ms=self.clock_ms())
         else:
@@ -394,6 +400,20 @@ class ReplicaManager:
         if before != (partition.role, partition.leader_id, partition.leader_epoch):
             self._wake(partition.key)
             self._roles_changed(partition)
+        if partition.role is Role.LEADER:
+            if partition.replicas != replicas_before:
+                self._await_followers(partition)
+        elif before[0] is Role.LEADER:
+            self.awaited.forget(partition.key)
+
+    def _await_followers(self, partition: Partition) -> None:
+        """Newly led here (or with new replicas): wake the followers' parked fetches and
+        keep their polls short until they fetch it (``broker.awaited_followers``)."""
+        followers = [r for r in partition.replicas if r != self.broker_id]
+        self.awaited.expect(partition.key, followers)
+        if self.replica_purgatory is not None:
+            for follower in followers:
+                self.replica_purgatory.wake_owner(follower)
 
     def _roles_changed(self, partition: Partition) -> None:
         """Tell the fetchers: a follower (again, or of a new leader or epoch) fetches from
@@ -483,6 +503,7 @@ class ReplicaManager:
             self._settings.pop(topic, None)
         partition.stop()
         self._wake(partition.key)
+        self.awaited.forget(partition.key)
         self._roles_changed(partition)
         self.log_manager.delete_log(TopicPartition(topic, partition_id))
         _log.info("deleted %s-%d (%s)", topic, partition_id, reason)

@@ -14,7 +14,9 @@ protocol): it reads to the log end, reports the follower's position (its fetch o
 may move the high watermark and the ISR (``Partition.read_for_follower``), and answers a
 diverging epoch instead of records when the follower's last fetched epoch disagrees with the
 leader's log. Follower fetches park in their own purgatory, woken by every leader append
-rather than by the high watermark.
+rather than by the high watermark, and long-poll briefly while this broker awaits the
+follower for a partition newly led here that the fetch does not hold yet
+(``broker.awaited_followers``).
 
 Fetch sessions (KIP-227, ``broker.fetch_session``): the broker's session cache says, from the
 request's session id and epoch, which partitions to read (for an incremental request, every
@@ -29,10 +31,12 @@ no transactions.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from broker.awaited_followers import SHORT_POLL_MS
 from broker.context import BrokerContext
 from broker.fetch_session import (
     FINAL_EPOCH,
@@ -46,6 +50,7 @@ from broker.fetch_session import (
 )
 from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
+from broker.purgatory import WakeReason
 from controller.image import MetadataImage
 from replication.errors import ReplicationError
 from replication.partition import Partition, QuietWatch
@@ -254,9 +259,40 @@ def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     plan = _plan(context, request, session)
     answers, total, urgent = _read(plan, context.image(), clock_ms())
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
+    if plan.replica_id >= 0 and wait_ms > SHORT_POLL_MS and _awaited(context, plan, session):
+        wait_ms = SHORT_POLL_MS
     if total >= request.min_bytes or wait_ms <= 0 or urgent or not (plan.keys or plan.watching):
         return _response(session, plan, answers, clock_ms())
-    return _long_poll(context, request, session, plan, request.min_bytes - total, wait_ms)
+    # Parked now, not when the coroutine first runs: an append in between must wake it.
+    parked = _park(context, session, plan, request.min_bytes - total, wait_ms)
+    return _long_poll(context, request, session, plan, parked)
+
+
+def _awaited(context: BrokerContext, plan: _Plan, session: FetchContext) -> bool:
+    """Whether this follower is awaited for a partition its fetch does not hold."""
+    if isinstance(session, IncrementalFetch):
+        return context.replicas.awaited.short_poll(plan.replica_id, session.holds)
+    named: set[PartitionKey] | None = None
+
+    def holds(key: PartitionKey) -> bool:
+        nonlocal named
+        if named is None:  # built only if this follower is awaited at all
+            named = {w.key for w in plan.wanted}
+        return key in named
+
+    return context.replicas.awaited.short_poll(plan.replica_id, holds)
+
+
+def _park(
+    context: BrokerContext, session: FetchContext, plan: _Plan, min_bytes: int, wait_ms: int
+) -> asyncio.Future[WakeReason]:
+    purgatory = context.purgatory
+    if plan.replica_id >= 0 and context.replicas.replica_purgatory is not None:
+        purgatory = context.replicas.replica_purgatory
+    # The session's watched partitions wake the wait through the session, not by key.
+    poke = session.parked if plan.watching and isinstance(session, IncrementalFetch) else None
+    owner = plan.replica_id if plan.replica_id >= 0 else None
+    return purgatory.park(plan.keys, min_bytes, wait_ms, poke=poke, owner=owner)
 
 
 async def _long_poll(
@@ -264,15 +300,9 @@ async def _long_poll(
     request: Any,
     session: FetchContext,
     plan: _Plan,
-    min_bytes: int,
-    wait_ms: int,
+    parked: asyncio.Future[WakeReason],
 ) -> dict[str, Any]:
-    purgatory = context.purgatory
-    if plan.replica_id >= 0 and context.replicas.replica_purgatory is not None:
-        purgatory = context.replicas.replica_purgatory
-    # The session's watched partitions wake the wait through the session, not by key.
-    poke = session.parked if plan.watching and isinstance(session, IncrementalFetch) else None
-    await purgatory.wait(plan.keys, min_bytes, wait_ms, poke=poke)
+    await parked
     # Look the replicas up again: one may have moved or gone while the request waited. Of
     # the watched partitions, only those that changed meanwhile are looked at.
     plan = _plan(context, request, session)

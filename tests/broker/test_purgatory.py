@@ -211,3 +211,53 @@ def test_a_partition_append_wakes_a_parked_fetch(tmp_path: Path) -> None:
         run(body)
     finally:
         log.abandon()
+
+
+def test_park_registers_at_once_so_an_append_before_the_await_wakes_it() -> None:
+    """The fetch handler parks before it returns its coroutine: an append between the two
+    (another request handled first) must count. ``wait`` registers only when it runs."""
+
+    async def body() -> None:
+        purgatory = FetchPurgatory()
+        parked_now = purgatory.park([A], 1, LONG_MS)
+        late = asyncio.ensure_future(purgatory.wait([A], 1, 300))
+        purgatory.notify(A, 10)  # before either is awaited
+        assert await parked_now is WakeReason.BYTES
+        assert await late is WakeReason.TIMEOUT  # registered after the append: missed it
+        assert purgatory.waiting == 0
+
+    run(body)
+
+
+def test_a_cancelled_or_timed_out_park_unregisters_itself() -> None:
+    async def body() -> None:
+        purgatory = FetchPurgatory()
+        pokes: list[object] = []
+        cancelled = purgatory.park([A], 1, LONG_MS, poke=pokes.append, owner=2)
+        timed_out = purgatory.park([B], 1, 10, owner=2)
+        assert purgatory.waiting == 2
+        cancelled.cancel()
+        assert await timed_out is WakeReason.TIMEOUT
+        await asyncio.sleep(0)
+        assert purgatory.waiting == 0
+        assert pokes[-1] is None  # the poke hears that the wait is over
+        assert not purgatory._by_key and not purgatory._by_owner
+
+    run(body)
+
+
+def test_wake_owner_wakes_only_that_broker_s_parked_fetches() -> None:
+    async def body() -> None:
+        purgatory = FetchPurgatory()
+        two = [purgatory.park([A], 1, LONG_MS, owner=2), purgatory.park([B], 1, LONG_MS, owner=2)]
+        three = purgatory.park([A], 1, LONG_MS, owner=3)
+        consumer = purgatory.park([A], 1, LONG_MS)
+        purgatory.wake_owner(2)
+        purgatory.wake_owner(9)  # parks nothing
+        assert [await f for f in two] == [WakeReason.LEADERSHIP] * 2
+        await asyncio.sleep(0)
+        assert not three.done() and not consumer.done()
+        purgatory.cancel_all()
+        assert await three is WakeReason.CANCELLED
+
+    run(body)

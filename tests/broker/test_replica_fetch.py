@@ -9,13 +9,15 @@ side runs against real brokers in tests/replication.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dispatch_leader import FETCH_V, FOLLOWER, DispatchLeader, values
+from dispatch_leader import FETCH_V, FOLLOWER, DispatchLeader, orders_image, values
 
+from broker.awaited_followers import SHORT_POLL_MS
 from broker.protocol import ApiKey, ErrorCode
 
 
@@ -110,3 +112,62 @@ def test_a_parked_follower_fetch_is_answered_by_the_next_append(leader: Leader) 
 def test_fetches_from_non_replicas_or_stale_epochs_are_refused(leader: Leader) -> None:
     assert only(leader.fetch(0, replica_id=7)).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert only(leader.fetch(0, leader_epoch=1)).error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def test_an_append_before_a_parked_fetch_first_runs_still_wakes_it(leader: Leader) -> None:
+    """The fetch parks when it is handled, not when its coroutine first runs: an append
+    handled in between (say, in the same read from the socket) answers it at once. Before,
+    such a fetch waited its whole max_wait_ms with the data there."""
+
+    async def main() -> None:
+        waiting = leader.fetch(0, wait_ms=60_000)  # handled: found nothing, parked
+        leader.produce([b"x"], acks=1)  # before the fetch's coroutine ever ran
+        answer = only(await asyncio.wait_for(waiting, 5))
+        assert values(answer.records) == [b"x"]
+
+    asyncio.run(main())
+
+
+def test_a_new_leader_wakes_its_followers_and_keeps_their_polls_short_until_they_fetch(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On becoming the leader of "orders" 1, the broker wakes the follower's parked fetch
+    (of partition 0 only) and parks its next ones at most SHORT_POLL_MS until a fetch names
+    partition 1; then long polls are long again."""
+    purgatory = leader.replicas.replica_purgatory
+    assert purgatory is not None
+    parks: list[int] = []
+    real_park = purgatory.park
+
+    def park(*args: Any, **kwargs: Any) -> Any:
+        parks.append(args[2])
+        return real_park(*args, **kwargs)
+
+    monkeypatch.setattr(purgatory, "park", park)
+    LONG_MS = 20_000  # below fetch_max_wait_ms; no test waits it out
+
+    def fetch(partitions: list[int]) -> Any:
+        body = leader.fetch_body({p: {"fetch_offset": 0} for p in partitions}, wait_ms=LONG_MS)
+        return leader.send(ApiKey.FETCH, FETCH_V, body)
+
+    async def main() -> None:
+        old = asyncio.ensure_future(fetch([0]))
+        await asyncio.sleep(0.05)
+        assert not old.done()
+        leader.image = orders_image(2)  # "orders" 1 is new, led here, followed by FOLLOWER
+        leader.replicas.apply(leader.image)
+        await asyncio.wait_for(old, 5)  # woken at once
+        parks.clear()
+        await asyncio.wait_for(fetch([0]), 5)  # does not name 1 yet: a short poll
+        assert parks == [SHORT_POLL_MS]
+        for partitions in ([0, 1], [0]):  # names it: no longer awaited; then long polls
+            long = asyncio.ensure_future(fetch(partitions))
+            await asyncio.sleep(0.1)
+            assert not long.done() and parks[-1] == LONG_MS, "a long poll was kept short"
+            long.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await long
+            await asyncio.sleep(0)
+            assert purgatory.waiting == 0  # a cancelled fetch unparks
+
+    asyncio.run(main())
