@@ -8,7 +8,13 @@ Each data directory holds partition directories (``<topic>-<partition>``) and th
     .kafka_cleanshutdown              present only between a clean shutdown and the next start
 
 At start-up the marker is read and removed (so a crash from then on is detected), and every
-partition is loaded, recovering it unless the shutdown was clean. An I/O error in a directory
+partition is loaded, recovering it unless the shutdown was clean. The checkpoints are
+written by ``run_maintenance`` and whenever a log is created or deleted; and when a
+truncation moves a log's recovery point down (``Log.on_recovery_point_lowered``), its
+directory's are written before the log can take another append: at once when no event loop
+runs in this thread, else by a callback at the loop's next turn, one for all the
+truncations of a turn (a follower's truncations come from a fetch answer, and its next
+appends only from a later answer, which that callback precedes). An I/O error in a directory
 takes that whole directory offline: its logs stop accepting work and the error is reported,
 while other directories keep running.
 
@@ -84,6 +90,7 @@ class LogManager:
         # Checkpoints are written from the maintenance thread and the broker's event loop
         # (high watermarks every few seconds); each file goes through one temp name.
         self._checkpoint_lock = threading.Lock()
+        self._checkpoints_due: set[Path] = set()  # after truncations, at the loop's next turn
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
@@ -117,7 +124,7 @@ class LogManager:
                 tp = parse_dir_name(child.name)
             except ValueError:
                 continue
-            self._logs[tp] = load_log(
+            log = load_log(
                 child,
                 self._config(tp),
                 recovery_point=recovery.get(tp, 0),
@@ -127,7 +134,8 @@ class LogManager:
                 clock=self._clock,
                 on_offline=self._on_log_offline,
             )
-            self._log_dir[tp] = data_dir
+            log.on_recovery_point_lowered = self._recovery_point_lowered
+            self._logs[tp], self._log_dir[tp] = log, data_dir
         if clean:
             marker.unlink()
             fsync_path(data_dir)
@@ -169,6 +177,7 @@ class LogManager:
             clock=self._clock,
             on_offline=self._on_log_offline,
         )
+        log.on_recovery_point_lowered = self._recovery_point_lowered
         self._logs[tp], self._log_dir[tp] = log, data_dir
         return log
 
@@ -250,6 +259,25 @@ class LogManager:
             return
         if stats.clean_end_offset >= 0:
             self._clean_end[tp] = stats.clean_end_offset
+
+    def _recovery_point_lowered(self, log: Log) -> None:
+        """A truncation moved ``log``'s recovery point down: write its directory's
+        checkpoints before the log takes another append (module doc)."""
+        data_dir = log.dir.parent
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.checkpoint(data_dir)
+            return
+        if data_dir not in self._checkpoints_due:
+            self._checkpoints_due.add(data_dir)
+            loop.call_soon(self._write_due_checkpoints)
+
+    def _write_due_checkpoints(self) -> None:
+        due, self._checkpoints_due = self._checkpoints_due, set()
+        for data_dir in due:
+            if data_dir not in self.offline_dirs:
+                self.checkpoint(data_dir)
 
     def checkpoint(self, data_dir: Path, *, include_closed: bool = False) -> None:
         """Write the three offset checkpoints of ``data_dir``. Thread-safe: one writer at a

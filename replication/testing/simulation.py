@@ -1366,6 +1366,11 @@ class Simulation:
             high_watermark=broker.hw_checkpoint.get(pid),
             clock=lambda: BASE_MS + self.now,
         )
+        # As the log manager: a truncation's lower recovery point is checkpointed before the
+        # log takes another append.
+        log.on_recovery_point_lowered = lambda lowered: broker.recovery_checkpoint.__setitem__(
+            pid, lowered.recovery_point
+        )
         partition = Partition(
             TOPIC,
             TOPIC_ID,

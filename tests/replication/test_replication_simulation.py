@@ -71,6 +71,13 @@ SHAPES = {
     "sessions": (SESSIONS, 20),
 }
 
+# Seeds that soaks beyond the fixed ones found failing, run as regression tests. Failovers
+# 10451 (2026-11-24): a follower truncated below its checkpointed recovery point, appended
+# and rolled again; a power loss then dropped the rolled segment's unflushed end, the
+# checkpoint still named the old recovery point, and the log failed to load ("segments are
+# missing"). A lowered recovery point is now checkpointed at once (storage/log.py).
+REGRESSION_SEEDS: dict[str, list[tuple[int, ...]]] = {"failovers": [(10451,)]}
+
 
 def _seed_chunks(shape: str, default_count: int) -> list[tuple[int, ...]]:
     """Seeds from REPLICATION_SIM_SEEDS, else the first ``default_count`` (or
@@ -98,7 +105,7 @@ def _run_seeds(config: SimConfig, seeds: Iterable[int]) -> None:
     [
         pytest.param(name, seeds, id=f"{name}-seeds-{seeds[0]}-{seeds[-1]}")
         for name, (_, count) in SHAPES.items()
-        for seeds in _seed_chunks(name, count)
+        for seeds in [*_seed_chunks(name, count), *REGRESSION_SEEDS.get(name, [])]
     ],
 )
 def test_replication_stays_safe_and_live_under_faults(shape: str, seeds: tuple[int, ...]) -> None:

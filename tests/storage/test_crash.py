@@ -13,6 +13,7 @@ Every random choice comes from a seeded RNG whose seed is in the failure message
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import shutil
@@ -30,11 +31,12 @@ import pytest
 from support import FakeClock
 
 from storage.batch import BatchHeader, validate_batch
+from storage.checkpoint import OffsetCheckpointFile
 from storage.config import LogConfig
 from storage.errors import InconsistentLogError
 from storage.loader import load_log
 from storage.log import Isolation, Log
-from storage.log_manager import LogManager
+from storage.log_manager import RECOVERY_POINT_CHECKPOINT, LogManager
 from storage.records import RecordInput, build_batch, decode_batch
 from storage.topic_partition import TopicPartition
 
@@ -550,6 +552,74 @@ def test_machine_crash_losing_the_unflushed_tail_of_a_rolled_segment(tmp_path: P
         assert_holds_prefix(reopened, written, written[0].next)
     finally:
         reopened.abandon()
+
+
+def test_a_truncation_checkpoints_its_lower_recovery_point_before_the_log_grows_again(
+    tmp_path: Path,
+) -> None:
+    """A follower truncates below its flushed offsets, then appends again and rolls. The
+    recovery-point checkpoint must name the lower point before those appends: with the old
+    one on disk, a power loss that drops the unflushed end of the rolled segment (while the
+    next file survives) leaves a gap below the checkpointed point, and the directory would
+    not load. Found by the replication simulation (seed 10451 of its failovers shape)."""
+    tp = TopicPartition("topic", 0)
+    manager = LogManager([tmp_path], CONFIG, clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(tp)
+    written = append_batches(log, 4)
+    log.flush()
+    manager.checkpoint(tmp_path)  # the recovery point on disk: the end of all four
+    log.truncate_to(written[1].base)  # no event loop here: checkpointed at once
+    durable_size = log.active_segment.size
+    again = written[:1] + append_batches(log, 2)
+    rolled = log.active_segment.log_path
+    log.roll()
+    again += append_batches(log, 2)
+    log.abandon()  # the machine crashed: no clean-shutdown marker
+    os.truncate(rolled, durable_size)  # and lost the rolled segment's unflushed batches
+    reopened = LogManager([tmp_path], CONFIG, clock=FakeClock())
+    reopened.startup()
+    assert tmp_path not in reopened.offline_dirs, reopened.offline_dirs
+    found = reopened.get_log(tp)
+    assert found is not None
+    assert_holds_prefix(found, again, written[0].next)
+    reopened.shutdown()
+
+
+def _checkpointed_recovery_point(data_dir: Path) -> int:
+    (point,) = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read().values()
+    return point
+
+
+def test_truncations_in_one_event_loop_turn_share_one_checkpoint_at_the_next(
+    tmp_path: Path,
+) -> None:
+    manager = LogManager([tmp_path], CONFIG, clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(TopicPartition("topic", 0))
+    written = append_batches(log, 4)
+    log.flush()
+    manager.checkpoint(tmp_path)
+    writes: list[Path] = []
+    real = manager.checkpoint
+
+    def counted(data_dir: Path, *, include_closed: bool = False) -> None:
+        writes.append(data_dir)
+        real(data_dir, include_closed=include_closed)
+
+    manager.checkpoint = counted  # type: ignore[method-assign]
+
+    async def main() -> tuple[int, int]:
+        log.truncate_to(written[3].base)
+        before = _checkpointed_recovery_point(tmp_path)
+        log.truncate_to(written[2].base)  # the same turn: one write for both
+        await asyncio.sleep(0)
+        return before, _checkpointed_recovery_point(tmp_path)
+
+    before, after = asyncio.run(main())
+    assert before == written[3].next and after == written[2].base
+    assert writes == [tmp_path]
+    manager.shutdown()
 
 
 def test_machine_crash_losing_data_under_the_log_start_offset(tmp_path: Path) -> None:
