@@ -21,11 +21,12 @@ log end, so they wake on appends, not on the high watermark).
 ``park`` registers the waiter at once and returns its future, so that the read and the
 registration happen in one event-loop callback: the fetch handler parks before it returns
 its coroutine, and an append handled before that coroutine first runs still wakes it.
-``wait`` is the same as a coroutine, and registers only when its task first runs; the fetch
-handler used it until 2026-11-24, and an append in that gap left the fetch waiting its whole
-timeout with the data there. A waiter unregisters itself when its future is done (woken,
-timed out or cancelled), so one whose task is cancelled before it ever ran is gone by its
-timeout.
+Until 2026-11-24 the purgatory offered a coroutine instead, which registered only when its
+task first ran: an append in that gap left the fetch waiting its whole timeout with the
+data there. A waiter unregisters itself by a callback of its future, at the event loop's
+next turn after the future is done (woken, timed out or cancelled; ``waiting`` counts it
+until then, and feeding or waking it again does nothing), so one whose task is cancelled
+before it ever ran is gone by its timeout.
 
 Limits: at most ``max_waiters`` parked fetches. One more is answered at once (as if it had
 timed out; the client simply fetches again), counted in ``overflows`` and logged, so a
@@ -112,17 +113,6 @@ class FetchPurgatory:
     def waiting(self) -> int:
         """Fetches parked now."""
         return self._waiting
-
-    async def wait(
-        self,
-        keys: Sequence[Key],
-        min_bytes: int,
-        timeout_ms: int,
-        poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
-        owner: int | None = None,
-    ) -> WakeReason:
-        """``park`` as a coroutine: it registers only when it first runs (module doc)."""
-        return await self.park(keys, min_bytes, timeout_ms, poke, owner)
 
     def park(
         self,

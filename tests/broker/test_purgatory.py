@@ -33,8 +33,8 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
 async def parked(
     purgatory: FetchPurgatory, keys: list[tuple[str, int]], min_bytes: int, timeout_ms: int
 ) -> asyncio.Task[WakeReason]:
-    """A fetch parked in the purgatory (the task has run up to its wait)."""
-    task = asyncio.get_running_loop().create_task(purgatory.wait(keys, min_bytes, timeout_ms))
+    """A fetch parked in the purgatory."""
+    task = asyncio.ensure_future(purgatory.park(keys, min_bytes, timeout_ms))
     await asyncio.sleep(0)
     assert not task.done()
     return task
@@ -50,6 +50,7 @@ def test_a_waiter_wakes_once_min_bytes_arrived_on_its_partitions() -> None:
         assert not task.done()
         purgatory.notify(B, 40)
         assert await task is WakeReason.BYTES
+        await asyncio.sleep(0)  # a done waiter leaves at the loop's next turn
         assert purgatory.waiting == 0
 
     run(body)
@@ -85,7 +86,7 @@ def test_each_waiter_counts_towards_its_own_min_bytes() -> None:
 def test_a_waiter_times_out() -> None:
     async def body() -> None:
         purgatory = FetchPurgatory()
-        assert await purgatory.wait([A], 100, 5) is WakeReason.TIMEOUT
+        assert await purgatory.park([A], 100, 5) is WakeReason.TIMEOUT
         assert purgatory.waiting == 0
 
     run(body)
@@ -94,8 +95,8 @@ def test_a_waiter_times_out() -> None:
 def test_nothing_to_wait_for_answers_at_once() -> None:
     async def body() -> None:
         purgatory = FetchPurgatory()
-        assert await purgatory.wait([A], 0, LONG_MS) is WakeReason.BYTES
-        assert await purgatory.wait([A], 100, 0) is WakeReason.TIMEOUT
+        assert await purgatory.park([A], 0, LONG_MS) is WakeReason.BYTES
+        assert await purgatory.park([A], 100, 0) is WakeReason.TIMEOUT
         assert purgatory.waiting == 0
 
     run(body)
@@ -104,7 +105,7 @@ def test_nothing_to_wait_for_answers_at_once() -> None:
 def test_no_keys_waits_for_the_timeout() -> None:
     async def body() -> None:
         purgatory = FetchPurgatory()
-        assert await purgatory.wait([], 1, 5) is WakeReason.TIMEOUT
+        assert await purgatory.park([], 1, 5) is WakeReason.TIMEOUT
 
     run(body)
 
@@ -130,9 +131,7 @@ def test_a_poke_feeds_a_parked_fetch_for_partitions_it_does_not_wait_on_by_key()
     async def body() -> None:
         purgatory = FetchPurgatory()
         feeds: list[Callable[[tuple[str, int], int], None] | None] = []
-        task = asyncio.get_running_loop().create_task(
-            purgatory.wait([A], 100, LONG_MS, poke=feeds.append)
-        )
+        task = purgatory.park([A], 100, LONG_MS, poke=feeds.append)
         await asyncio.sleep(0)
         (feed,) = feeds
         assert feed is not None
@@ -141,15 +140,17 @@ def test_a_poke_feeds_a_parked_fetch_for_partitions_it_does_not_wait_on_by_key()
         await asyncio.sleep(0)
         assert not task.done()
         feed(B, 40)
-        assert await task is WakeReason.BYTES and feeds[-1] is None
-        task = asyncio.get_running_loop().create_task(
-            purgatory.wait([A], 100, LONG_MS, poke=feeds.append)
-        )
+        assert await task is WakeReason.BYTES
+        await asyncio.sleep(0)
+        assert feeds[-1] is None
+        task = purgatory.park([A], 100, LONG_MS, poke=feeds.append)
         await asyncio.sleep(0)
         feed = feeds[-1]
         assert feed is not None
         feed(B, -1)
-        assert await task is WakeReason.LEADERSHIP and feeds[-1] is None
+        assert await task is WakeReason.LEADERSHIP
+        await asyncio.sleep(0)
+        assert feeds[-1] is None
         assert purgatory.waiting == 0
 
     run(body)
@@ -161,7 +162,7 @@ def test_cancel_all_wakes_everyone_and_answers_later_waits_at_once() -> None:
         tasks = [await parked(purgatory, [A], 100, LONG_MS) for _ in range(3)]
         purgatory.cancel_all()
         assert await asyncio.gather(*tasks) == [WakeReason.CANCELLED] * 3
-        assert await purgatory.wait([A], 100, LONG_MS) is WakeReason.CANCELLED
+        assert await purgatory.park([A], 100, LONG_MS) is WakeReason.CANCELLED
         assert purgatory.waiting == 0
 
     run(body)
@@ -172,7 +173,7 @@ def test_beyond_max_waiters_a_fetch_is_answered_at_once_and_counted() -> None:
         purgatory = FetchPurgatory(max_waiters=2)
         first = await parked(purgatory, [A], 100, LONG_MS)
         second = await parked(purgatory, [A], 100, LONG_MS)
-        assert await purgatory.wait([A], 100, LONG_MS) is WakeReason.OVERFLOW
+        assert await purgatory.park([A], 100, LONG_MS) is WakeReason.OVERFLOW
         assert (purgatory.waiting, purgatory.overflows) == (2, 1)
         purgatory.notify(A, 100)
         assert await asyncio.gather(first, second) == [WakeReason.BYTES] * 2
@@ -189,6 +190,7 @@ def test_a_cancelled_fetch_leaves_nothing_behind() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await asyncio.sleep(0)
         assert purgatory.waiting == 0
         assert not purgatory._by_key  # every key's entry went with its last waiter
 
@@ -215,12 +217,17 @@ def test_a_partition_append_wakes_a_parked_fetch(tmp_path: Path) -> None:
 
 def test_park_registers_at_once_so_an_append_before_the_await_wakes_it() -> None:
     """The fetch handler parks before it returns its coroutine: an append between the two
-    (another request handled first) must count. ``wait`` registers only when it runs."""
+    (another request handled first) must count. Parked only when a coroutine runs, it does
+    not."""
 
     async def body() -> None:
         purgatory = FetchPurgatory()
+
+        async def park_when_run() -> WakeReason:  # what the fetch handler did before
+            return await purgatory.park([A], 1, 300)
+
         parked_now = purgatory.park([A], 1, LONG_MS)
-        late = asyncio.ensure_future(purgatory.wait([A], 1, 300))
+        late = asyncio.ensure_future(park_when_run())
         purgatory.notify(A, 10)  # before either is awaited
         assert await parked_now is WakeReason.BYTES
         assert await late is WakeReason.TIMEOUT  # registered after the append: missed it
