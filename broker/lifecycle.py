@@ -8,7 +8,12 @@ through a ``ControllerClient``:
 1. ``start`` registers (a new incarnation id each process start) and gets a broker epoch;
    the broker is fenced.
 2. A heartbeat every ``heartbeat_interval_ms`` reports the metadata offset the broker has
-   applied; once it has caught up the controller unfences it: the broker is RUNNING.
+   applied; once it has caught up the controller unfences it: the broker is RUNNING. While
+   fenced it heartbeats every ``FENCED_HEARTBEAT_INTERVAL_MS`` instead, so it is unfenced
+   about that soon after it has caught up (Kafka's broker heartbeats every 10 ms until it
+   has caught up). With the plain interval a starting broker, whose first heartbeat comes
+   right after registration and before its metadata caught up, stayed fenced for a whole
+   interval (2 s by default) of every start.
 3. ``shutdown`` asks for a controlled shutdown: heartbeats say ``want_shutdown`` until the
    controller has moved every leadership away and answers ``should_shut_down`` (or the time
    limit passes), then the broker stops.
@@ -61,6 +66,7 @@ REGISTER_TIMEOUT_S = 120.0  # beyond a session timeout (9 s by default) with roo
 HEARTBEAT_ATTEMPT_INTERVALS = 2
 HEARTBEAT_ATTEMPT_MIN_MS = 1_000
 REGISTER_BACKOFF_S = 0.2
+FENCED_HEARTBEAT_INTERVAL_MS = 50  # the heartbeat interval while fenced, at most
 REGISTER_BACKOFF_MAX_S = 2.0
 
 
@@ -187,10 +193,12 @@ class BrokerLifecycle:
         _log.info("broker %d registered with epoch %d", self.broker_id, self.broker_epoch)
 
     async def _heartbeats(self) -> None:
+        fenced_interval_s = min(self.heartbeat_interval_s, FENCED_HEARTBEAT_INTERVAL_MS / 1000)
         while True:
             await self._heartbeat(want_shutdown=False)
             self._publish_partitions()
-            await asyncio.sleep(self.heartbeat_interval_s)
+            fenced = self.state is BrokerState.FENCED
+            await asyncio.sleep(fenced_interval_s if fenced else self.heartbeat_interval_s)
 
     async def _heartbeat(self, want_shutdown: bool) -> cpb.BrokerHeartbeatResponse | None:
         request = cpb.BrokerHeartbeatRequest(

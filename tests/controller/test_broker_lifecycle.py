@@ -68,3 +68,33 @@ def test_a_broker_registers_catches_up_runs_and_shuts_down_under_control(
             await broker.close()
 
     run(main, tmp_path)
+
+
+def test_a_fenced_broker_heartbeats_often_until_it_is_unfenced(tmp_path: Path) -> None:
+    """With a 30 s heartbeat interval, a starting broker (its first heartbeat comes before
+    its metadata caught up) is still unfenced within seconds: while fenced it heartbeats
+    every FENCED_HEARTBEAT_INTERVAL_MS. Once running it keeps the interval it was given."""
+
+    async def main(quorum: Quorum, client: ControllerClient) -> None:
+        broker = Broker(tmp_path, 101, quorum, client)
+        broker.lifecycle.heartbeat_interval_s = 30.0
+        heartbeats: list[cpb.BrokerHeartbeatRequest] = []
+        real_call = client.call
+
+        async def call(method: str, request: object, *args: object) -> object:
+            if method == "BrokerHeartbeat":
+                heartbeats.append(request)  # type: ignore[arg-type]
+            return await real_call(method, request, *args)  # type: ignore[arg-type]
+
+        client.call = call  # type: ignore[method-assign,assignment]
+        try:
+            await broker.start()
+            await broker.lifecycle.wait_for(BrokerState.RUNNING, 10)
+            running_after = len(heartbeats)
+            assert running_after >= 2  # the first found it not caught up
+            await asyncio.sleep(0.5)
+            assert len(heartbeats) == running_after, "a running broker heartbeat early"
+        finally:
+            await broker.close()
+
+    run(main, tmp_path)
