@@ -18,7 +18,12 @@ Failure model (the one the core is written for; Kafka's NetworkChannel assumes t
 (``proto/raft.proto``) on a gRPC channel per peer; a sender task per peer drains that peer's
 queue one RPC at a time, so a slow or dead peer delays only its own messages and ``send``
 never waits on the network. The server decodes each ``Envelope`` (``raft/wire.py``) and hands
-it to the receiver callback on the event loop.
+it to the receiver callback on the event loop. A message from a peer whose channel is
+failing (gRPC waits out a reconnect backoff, up to ``reconnect_backoff_max_ms``, after the
+peer went away) makes a new channel to it at once, at most every
+``RECONNECT_ON_RECEIVE_MIN_INTERVAL_S``: the peer is evidently up, and the replies to its
+requests would otherwise be dropped until the backoff ended (a restarted broker's first
+metadata fetches waited 1 s for their answers so).
 
 ``LocalTransport`` connects nodes of one process through a ``LocalHub`` with the same model
 (asynchronous delivery, bounded queues, drops by rule) for tests of the driver.
@@ -46,6 +51,7 @@ from raft.messages import Envelope
 from raft.wire import WireError, envelope_from_proto, envelope_to_proto
 
 __all__ = [
+    "RECONNECT_ON_RECEIVE_MIN_INTERVAL_S",
     "DropRule",
     "GrpcTransport",
     "LocalHub",
@@ -100,6 +106,10 @@ class Transport(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+# A failing peer's channel is made anew at most this often when it is heard from.
+RECONNECT_ON_RECEIVE_MIN_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +168,8 @@ class _Peer:
         self.stats = PeerStats()
         self.failing = False  # since the last failure, nothing was acknowledged
         self.overflowing = False  # since the last drop for a full queue, likewise
+        self.channel_made_s = float("-inf")  # loop time of the channel's making
+        self.failed_s = float("-inf")  # loop time of the last failed send
 
     def offer(self, message: pb.Envelope) -> bool:
         """Queue ``message``; drop the oldest if full. Return whether one was dropped."""
@@ -198,6 +210,7 @@ class GrpcTransport:
         self.port: int | None = None
         self.unknown_destination_drops = 0
         self._learned: set[int] = set()  # peers known only from reply_to
+        self._closing: set[asyncio.Task[None]] = set()  # channels of replaced peers, closing
         self._reply_to = ""
         self._services: list[Callable[[grpc.aio.Server], None]] = []
         for peer_id, address in (peers or {}).items():
@@ -230,12 +243,37 @@ class GrpcTransport:
         log.info("node %d: node %d replies at %s", self.node_id, node_id, address)
         self.add_peer(node_id, address)
 
+    def heard_from(self, node_id: int) -> None:
+        """A message from ``node_id`` arrived, so it is up: if our channel to it is failing,
+        make a new one now rather than wait out gRPC's reconnect backoff (module doc). The
+        queued messages stay; one being sent on the old channel may be lost."""
+        peer = self._peers.get(node_id)
+        if peer is None or not peer.failing or self._state is not _State.STARTED:
+            return
+        if peer.failed_s < peer.channel_made_s:
+            return  # the channel made since has not failed (yet)
+        if asyncio.get_running_loop().time() - peer.channel_made_s < (
+            RECONNECT_ON_RECEIVE_MIN_INTERVAL_S
+        ):
+            return
+        log.info("node %d: heard from node %d: connecting to it again", self.node_id, node_id)
+        for task in peer.tasks:
+            task.cancel()
+        if peer.channel is not None:
+            self._close_later(peer.channel)
+        self._start_peer(peer)
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        closing = asyncio.get_running_loop().create_task(channel.close(None))
+        self._closing.add(closing)  # referenced until done
+        closing.add_done_callback(self._closing.discard)
+
     def _drop_peer(self, peer: _Peer) -> None:
         del self._peers[peer.node_id]
         for task in peer.tasks:
             task.cancel()
         if peer.channel is not None:
-            asyncio.get_running_loop().create_task(peer.channel.close(None))
+            self._close_later(peer.channel)
 
     def add_peer(self, node_id: int, address: str) -> None:
         known = self._peers.get(node_id)
@@ -332,6 +370,7 @@ class GrpcTransport:
     def _start_peer(self, peer: _Peer) -> None:
         channel = grpc.aio.insecure_channel(peer.address, options=self._channel_options())
         peer.channel = channel
+        peer.channel_made_s = asyncio.get_running_loop().time()
         loop = asyncio.get_running_loop()
         name = f"{self.node_id}-to-{peer.node_id}"
         peer.tasks = [
@@ -352,6 +391,7 @@ class GrpcTransport:
                 await send(message, timeout=timeout_s)
             except grpc.aio.AioRpcError as e:
                 peer.stats.failed += 1
+                peer.failed_s = asyncio.get_running_loop().time()
                 self._note_failure(peer, e)
                 if e.code() is grpc.StatusCode.UNAVAILABLE:
                     self._report_unreachable(peer)
@@ -439,6 +479,7 @@ class _Servicer(raft_pb2_grpc.RaftServiceServicer):
             )
         if request.reply_to:
             self._transport.learn_peer(envelope.source, request.reply_to)
+        self._transport.heard_from(envelope.source)
         self._transport._deliver(envelope)
         return pb.Ack()
 

@@ -21,6 +21,7 @@ from proto import raft_pb2 as pb
 from raft import messages as m
 from raft.messages import Envelope
 from raft.transport import (
+    RECONNECT_ON_RECEIVE_MIN_INTERVAL_S,
     GrpcTransport,
     LocalHub,
     TransportConfig,
@@ -340,6 +341,41 @@ def test_a_restarted_peer_is_reached_again() -> None:
                     await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(2)))
                     await asyncio.sleep(0.05)
                 assert (await within(b.inbox.get())).payload == m.BeginQuorumEpochResponse(2)
+            finally:
+                await within(b.transport.close())
+
+    run(main)
+
+
+def test_a_failing_peer_heard_from_gets_a_new_channel_at_once() -> None:
+    """A peer that went away leaves our channel to it in gRPC's reconnect backoff (up to
+    reconnect_backoff_max_ms); a message from it proves it is back, so the channel is made
+    anew then and there instead of dropping our replies until the backoff ends. A peer whose
+    channel has not failed since it was made keeps it."""
+
+    async def main() -> None:
+        config = TransportConfig(request_timeout_ms=300, reconnect_backoff_max_ms=30_000)
+        port = unused_port()
+        async with cluster(1, config) as (a,):
+            a.transport.add_peer(2, f"127.0.0.1:{port}")
+            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+            await eventually(lambda: a.transport.stats(2).failed == 1, "a failed send")
+            failed_channel = a.transport._peers[2].channel
+            b = Node(2, config, port)
+            await within(b.transport.start())
+            b.transport.add_peer(1, a.transport.address)
+            try:
+                await asyncio.sleep(RECONNECT_ON_RECEIVE_MIN_INTERVAL_S)  # the rate limit
+                await b.transport.send(Envelope(2, 1, m.BeginQuorumEpochResponse(2)))
+                assert (await within(a.inbox.get())).payload == m.BeginQuorumEpochResponse(2)
+                renewed = a.transport._peers[2].channel
+                assert renewed is not failed_channel, "the failing channel was kept"
+                await asyncio.sleep(RECONNECT_ON_RECEIVE_MIN_INTERVAL_S)
+                await b.transport.send(Envelope(2, 1, m.BeginQuorumEpochResponse(3)))
+                await within(a.inbox.get())  # nothing sent on the new channel: it has not failed
+                assert a.transport._peers[2].channel is renewed, "a new channel was replaced"
+                await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(4)))
+                assert (await within(b.inbox.get())).payload == m.BeginQuorumEpochResponse(4)
             finally:
                 await within(b.transport.close())
 
