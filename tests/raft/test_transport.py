@@ -326,16 +326,22 @@ def test_a_message_for_another_node_is_refused_not_delivered() -> None:
     run(main)
 
 
+async def restart_peer_after_a_failed_send(a: Node, config: TransportConfig) -> Node:
+    """Node 2, known to ``a``, fails a send from ``a`` while down, then starts."""
+    port = unused_port()
+    a.transport.add_peer(2, f"127.0.0.1:{port}")
+    await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
+    await eventually(lambda: a.transport.stats(2).failed == 1, "a failed send")
+    b = Node(2, config, port)
+    await within(b.transport.start())
+    return b
+
+
 def test_a_restarted_peer_is_reached_again() -> None:
     async def main() -> None:
         config = TransportConfig(request_timeout_ms=300, reconnect_backoff_max_ms=200)
-        port = unused_port()
         async with cluster(1, config) as (a,):
-            a.transport.add_peer(2, f"127.0.0.1:{port}")
-            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
-            await eventually(lambda: a.transport.stats(2).failed == 1, "a failed send")
-            b = Node(2, config, port)
-            await within(b.transport.start())
+            b = await restart_peer_after_a_failed_send(a, config)
             try:
                 while b.inbox.empty():  # bounded by run()'s deadline
                     await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(2)))
@@ -355,14 +361,9 @@ def test_a_failing_peer_heard_from_gets_a_new_channel_at_once() -> None:
 
     async def main() -> None:
         config = TransportConfig(request_timeout_ms=300, reconnect_backoff_max_ms=30_000)
-        port = unused_port()
         async with cluster(1, config) as (a,):
-            a.transport.add_peer(2, f"127.0.0.1:{port}")
-            await a.transport.send(Envelope(1, 2, m.BeginQuorumEpochResponse(1)))
-            await eventually(lambda: a.transport.stats(2).failed == 1, "a failed send")
+            b = await restart_peer_after_a_failed_send(a, config)
             failed_channel = a.transport._peers[2].channel
-            b = Node(2, config, port)
-            await within(b.transport.start())
             b.transport.add_peer(1, a.transport.address)
             try:
                 await asyncio.sleep(RECONNECT_ON_RECEIVE_MIN_INTERVAL_S)  # the rate limit
