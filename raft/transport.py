@@ -358,6 +358,7 @@ class GrpcTransport:
             if peer.channel is not None:
                 await peer.channel.close(None)
             peer.tasks, peer.channel = [], None
+        await asyncio.gather(*self._closing, return_exceptions=True)  # replaced channels
         if self._server is not None:
             await self._server.stop(self.config.close_grace_ms / 1000)
             self._server = None
