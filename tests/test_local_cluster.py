@@ -282,29 +282,19 @@ def _kill_and_watch(cluster: Cluster, tmp_path: Path) -> None:
     victim = cluster.brokers(cluster.status())[101]
     os.kill(victim["pid"], signal.SIGKILL)
 
-    def left() -> list[dict[str, Any]] | None:
-        """One snapshot with 101 out of every ISR: it was fenced, or its restarted process
-        registered (which takes the old incarnation out first). A status saying "fenced"
-        followed by a separate describe could see the restarted 101 back in an ISR."""
-        partitions = cluster.describe("events")["partitions"]
-        return partitions if all(101 not in p["isr"] for p in partitions) else None
-
-    for p in wait_for("broker 101 to leave every ISR (session timeout 9 s)", left, 20):
-        old = before[p["partition"]]
-        assert p["leader"] in {102, 103}
-        if old["leader"] == 101:
-            assert p["leader_epoch"] == old["leader_epoch"] + 1
-        else:
-            assert p["leader"] == old["leader"] and p["leader_epoch"] == old["leader_epoch"]
-
+    # The controller fences 101 after its session timeout (9 s) and takes it out of every
+    # ISR; its restarted process registers, catches up and rejoins them. Since a restarted
+    # broker is unfenced and answered within about 0.1 s (2026-11-24), 101 may be out of the
+    # ISRs for less than one CLI poll, so its leaving is checked at the end, on the epochs:
+    # each leader change bumps the leader epoch, each ISR change the partition epoch.
     def back() -> dict[str, Any] | None:
+        """The restarted process registered (a new broker epoch) and was unfenced."""
         broker = cluster.brokers(cluster.status())[101]
-        return (
-            broker if broker["pid"] not in {None, victim["pid"]} and not broker["fenced"] else None
-        )
+        restarted = broker["pid"] not in {None, victim["pid"]}
+        registered = broker["broker_epoch"] > victim["broker_epoch"]
+        return broker if restarted and registered and not broker["fenced"] else None
 
-    restarted = wait_for("the supervisor to restart broker 101 and its unfencing", back, 40)
-    assert restarted["broker_epoch"] > victim["broker_epoch"]
+    wait_for("the supervisor to restart broker 101 and its unfencing", back, 40)
     assert "node 101 (pid" in (tmp_path / "up.err").read_text()
 
     def preferred_again() -> list[dict[str, Any]] | None:
@@ -322,3 +312,6 @@ def _kill_and_watch(cluster: Cluster, tmp_path: Path) -> None:
         assert p["leader"] == old["leader"]
         if old["leader"] == 101:  # away and back: two leader changes
             assert p["leader_epoch"] == old["leader_epoch"] + 2
+        else:  # led by 102 or 103 throughout: 101 left the ISR and rejoined it
+            assert p["leader_epoch"] == old["leader_epoch"]
+            assert p["partition_epoch"] >= old["partition_epoch"] + 2
