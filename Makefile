@@ -47,6 +47,7 @@ bench: install
 	$(PY) -m bench.produce_consume
 	$(PY) -m bench.idle_partitions
 	$(PY) -m bench.isr_rejoin
+	$(PY) -m bench.new_partition
 	$(PY) -m bench.fetch_session_walk
 	$(PY) -m bench.page_touch
 	$(PY) -m bench.request_path

@@ -97,7 +97,7 @@ def find_leader(brokers: Sequence[str], topic: str) -> tuple[int, str]:
 _BATCH = build_batch([RecordInput(None, os.urandom(VALUE_BYTES), int(time.time() * 1000))])
 
 
-def _send_produce(conn: Connection, topic: str) -> tuple[int, int]:
+def produce_one(conn: Connection, topic: str) -> tuple[int, int]:
     """One acks=all write: (error code, base offset)."""
     correlation_id = conn.send_request(
         ApiKey.PRODUCE,
@@ -149,7 +149,7 @@ class Probe:
                 self.leader, address = find_leader(self.brokers, self.topic)
                 self.lookups.append((time.monotonic_ns(), self.leader))
                 self.conn = _connect(address)
-            code, offset = _send_produce(self.conn, self.topic)
+            code, offset = produce_one(self.conn, self.topic)
         except (OSError, LoadError, ValueError) as e:
             self.error(str(e).split(":", 1)[0] if isinstance(e, LoadError) else type(e).__name__)
             return False
