@@ -16,9 +16,10 @@ splits frames and writes responses (byte parts with one ``sendmsg``, ``FileSlice
 - backpressure: with ``max_in_flight_requests_per_connection`` requests unanswered, or more than
   ``max_buffered_response_bytes_per_connection`` unsent bytes, the connection handles no more
   frames and stops reading until responses complete and drain.
-- closing: EOF or a reset (DEBUG), a bad size prefix, ``CloseConnection`` or a ValueError from
-  the handler (WARNING with peer and reason), any other handler error (ERROR with traceback),
-  no traffic and nothing in flight for ``connections_max_idle_ms`` (DEBUG), ``Server.close``.
+- closing: EOF between frames or a reset (DEBUG), EOF mid-frame (WARNING), a bad size
+  prefix, ``CloseConnection`` or a ValueError from the handler (WARNING with peer and reason),
+  any other handler error (ERROR with traceback), no traffic and nothing in flight for
+  ``connections_max_idle_ms`` (DEBUG), ``Server.close``.
   A closed connection's pending handler awaitables are cancelled.
 
 Concurrency contract: one event loop runs ``start``, ``close``, the callbacks and the handler.

@@ -132,7 +132,7 @@ class BrokerConfig:
     auto_create_topics_enable: bool = False  # Metadata for an unknown topic creates it
     fetch_max_bytes: int = 57_671_680  # 55 MiB: the most one Fetch response carries
     fetch_max_wait_ms: int = 30_000  # the longest a Fetch may long-poll, whatever it asks
-    fetch_max_waiting: int = 10_000  # long-polling fetches parked at once; more answer at once
+    fetch_max_waiting: int = 10_000  # parked long polls, consumers' and followers' each
     controller_request_timeout_ms: int = 30_000  # a request forwarded to the controller
     # Fetch sessions (KIP-227): at most this many, holding at most this many partitions in
     # all; one unused this long is dropped.

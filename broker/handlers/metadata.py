@@ -1,12 +1,13 @@
 """ApiVersions, Metadata and DescribeCluster: what a client learns before anything else.
 
-How this works. Everything comes from the broker's metadata image (no controller round
-trip), except a Metadata request for unknown topics when ``auto_create_topics_enable`` is on:
-those are created through the controller and answered LEADER_NOT_AVAILABLE, as Kafka does, so
-the client asks again. Brokers are listed with their address on the listener the request
-came in on; fenced brokers are left out. The controller id a client sees is this broker's own
-id: clients cannot reach KRaft controllers, and this broker forwards admin requests to the
-active one (as Kafka's brokers do).
+How this works. ApiVersions and Metadata come from the broker's metadata image (no controller
+round trip), except a Metadata request for unknown topics when ``auto_create_topics_enable`` is
+on: those are created through the controller and answered LEADER_NOT_AVAILABLE, as Kafka does,
+so the client asks again. DescribeCluster is forwarded to the active controller. Brokers are
+listed with their address on the listener the request came in on; fenced brokers are left
+out. The controller id a client sees is this broker's own id: clients cannot reach KRaft
+controllers, and this broker forwards admin requests to the active one (as Kafka's brokers
+do).
 """
 
 from __future__ import annotations
