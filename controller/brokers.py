@@ -105,7 +105,7 @@ def register_broker(
                 f"{existing.incarnation_id.hex()}, heard from {now_ms - session.last_heartbeat_ms}"
                 " ms ago); it can register once that session expires",
             )
-        records += elections.remove_from_partitions(image, broker_id, unclean=False)
+        records += elections.remove_from_partitions(image, broker_id, unclean=None)
     epoch = image.next_broker_epoch
     register = pb.RegisterBrokerRecord(
         broker_id=broker_id,

@@ -29,13 +29,18 @@ Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
     segment.index.bytes        int >= 24                           segment_index_bytes
     segment.jitter.ms          int >= 0, below segment.ms          segment_jitter_ms
     segment.ms                 int >= 1                            segment_ms
+    unclean.leader.election.enable  true | false                   (elections, not the log)
 
 Broker configs (resource name "" for the cluster-wide default, or a broker id): the broker-wide
-defaults of some topic configs, under Kafka's broker names, and one controller setting:
+defaults of some topic configs, under Kafka's broker names:
 
     log.cleanup.policy, log.flush.interval.messages, log.flush.interval.ms, log.retention.bytes,
-    log.retention.ms, log.roll.ms, log.segment.bytes, message.max.bytes, min.insync.replicas
-    (each as the topic config it defaults), unclean.leader.election.enable (true | false)
+    log.retention.ms, log.roll.ms, log.segment.bytes, message.max.bytes, min.insync.replicas,
+    unclean.leader.election.enable (each as the topic config it defaults)
+
+The controller's elections read ``unclean.leader.election.enable`` of the topic, else of the
+cluster-wide resource "" (a broker id's value is not used by elections: no broker elects),
+else the controller's static setting (controller/elections.py, ``unclean_allowed``).
 
 Every decision here is pure: the image and the request in, an ``Outcome`` (records and
 answer) out, or ``DecisionError`` for a request refused as a whole (controller/outcome.py).
@@ -182,10 +187,13 @@ TOPIC_CONFIGS: Mapping[str, _Setting] = {
     "segment.index.bytes": _Setting("segment_index_bytes", _integer(_INT32_MAX)),
     "segment.jitter.ms": _Setting("segment_jitter_ms", _integer(_INT64_MAX)),
     "segment.ms": _Setting("segment_ms", _integer(_INT64_MAX)),
+    "unclean.leader.election.enable": _Setting(None, _boolean),
 }
+# The values of the settings that are not the log's when nothing sets them (Kafka's).
+_NOT_LOG_DEFAULTS = {"min.insync.replicas": "1", "unclean.leader.election.enable": "false"}
 
-# Broker name -> the topic config it is the default of; None: a setting of its own.
-BROKER_CONFIGS: Mapping[str, str | None] = {
+# Broker name -> the topic config it is the default of.
+BROKER_CONFIGS: Mapping[str, str] = {
     "log.cleanup.policy": "cleanup.policy",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
@@ -195,9 +203,8 @@ BROKER_CONFIGS: Mapping[str, str | None] = {
     "log.segment.bytes": "segment.bytes",
     "message.max.bytes": "max.message.bytes",
     "min.insync.replicas": "min.insync.replicas",
-    "unclean.leader.election.enable": None,
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
-_BROKER_ONLY: Mapping[str, Parse] = {"unclean.leader.election.enable": _boolean}
 
 
 # -- checking entries --------------------------------------------------------------------------
@@ -246,8 +253,8 @@ def describe_topic_configs(
     for name, setting in sorted(TOPIC_CONFIGS.items()):
         if name in entries:
             out.append((name, entries[name], True))
-        elif setting.field is None:  # min.insync.replicas: Kafka's default
-            out.append((name, "1", False))
+        elif setting.field is None:
+            out.append((name, _NOT_LOG_DEFAULTS[name], False))
         else:
             out.append((name, _canonical(getattr(config, setting.field)), False))
     return out
@@ -272,8 +279,7 @@ def _parser(name: str, kind: ConfigResourceType) -> Parse:
         raise DecisionError(
             cpb.INVALID_CONFIG, f"unknown broker config {_short(name)}; supported: {supported}"
         )
-    topic_name = BROKER_CONFIGS[name]
-    return _BROKER_ONLY[name] if topic_name is None else TOPIC_CONFIGS[topic_name].parse
+    return TOPIC_CONFIGS[BROKER_CONFIGS[name]].parse
 
 
 def canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:

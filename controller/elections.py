@@ -16,6 +16,12 @@ election enabled and no such member, an alive out-of-sync replica is chosen and 
 becomes that replica alone (its log is now the truth); otherwise the partition has no leader
 (with unclean election enabled, until an out-of-sync replica is unfenced).
 
+Whether unclean election is enabled is decided per partition (``unclean_allowed``, Kafka's
+order): the topic's ``unclean.leader.election.enable`` if set, else the cluster-wide dynamic
+broker config of that name, else the controller's static ``unclean_leader_election_enable``,
+which the callers pass as ``unclean``. ``unclean=None`` means never, whatever the configs say
+(a controlled shutdown, a replaced incarnation).
+
 Requests: ``alter_partition`` is a leader proposing a new ISR, checked against the leader
 epoch, the partition epoch and each member's registration; ``elect_preferred_leaders`` moves
 leadership back to each partition's first replica; ``rebalance_leaders`` does the same for
@@ -32,6 +38,7 @@ from typing import NamedTuple, cast
 from controller.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionState
 from controller.outcome import DecisionError, Outcome
 from controller.placement import choose_leader, preferred_leader_moves
+from controller.records import ConfigResourceType
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as pb
 
@@ -77,13 +84,13 @@ def alive_brokers(image: MetadataImage) -> frozenset[int]:
 
 
 def fence_broker(
-    image: MetadataImage, broker_id: int, unclean: bool, limit: int = MAX_PARTITION_CHANGES
+    image: MetadataImage, broker_id: int, unclean: bool | None, limit: int = MAX_PARTITION_CHANGES
 ) -> list[pb.MetadataRecord]:
     """The partition changes that take ``broker_id`` out of ISRs and leaderships (module doc)
     and, once they all fit in ``limit``, the FenceBrokerRecord after them. A broker in more
     partitions is fenced over several decisions (``includes_fence`` tells which one ended
     it): one decision stays small enough not to stall the controller's event loop.
-    ``unclean`` allows electing an out-of-sync replica."""
+    ``unclean``: the static default of unclean election (module doc)."""
     reg = registration(image, broker_id)
     changes = remove_from_partitions(image, broker_id, unclean, limit)
     if len(changes) >= limit:
@@ -103,15 +110,16 @@ def move_leaders_away(
     ISR (or none, if no other member is alive), and it leaves ISRs where others remain; at
     most ``limit`` changes, the rest on the broker's next heartbeat. Never unclean: a broker
     shutting down cleanly is no reason to lose data."""
-    return remove_from_partitions(image, broker_id, unclean=False, limit=limit)
+    return remove_from_partitions(image, broker_id, unclean=None, limit=limit)
 
 
 def remove_from_partitions(
-    image: MetadataImage, broker_id: int, unclean: bool, limit: int = MAX_PARTITION_CHANGES
+    image: MetadataImage, broker_id: int, unclean: bool | None, limit: int = MAX_PARTITION_CHANGES
 ) -> list[pb.MetadataRecord]:
     """The partition changes for ``broker_id`` leaving (fenced, shutting down, or a previous
     incarnation replaced): one record per partition whose ISR or leader changes, at most
-    ``limit`` of them (the first ones by topic id and partition id)."""
+    ``limit`` of them (the first ones by topic id and partition id). ``unclean``: the static
+    default of unclean election, None for never (module doc)."""
     alive = alive_brokers(image) - {broker_id}
     records: list[pb.MetadataRecord] = []
     for p in image.replicas_of(broker_id):
@@ -122,7 +130,7 @@ def remove_from_partitions(
         isr = p.isr if len(p.isr) == 1 else tuple(b for b in p.isr if b != broker_id)
         leader = p.leader
         if leader == broker_id:
-            leader, isr = _elect(p.replicas, isr, alive, unclean)
+            leader, isr = _elect(p.replicas, isr, alive, unclean_allowed(image, p, unclean))
         record = _change(p, leader, isr)
         if record is not None:
             records.append(record)
@@ -130,12 +138,13 @@ def remove_from_partitions(
 
 
 def unfence_broker(
-    image: MetadataImage, broker_id: int, unclean: bool = False
+    image: MetadataImage, broker_id: int, unclean: bool | None = False
 ) -> list[pb.MetadataRecord]:
     """An UnfenceBrokerRecord, and a leader for every leaderless partition whose ISR holds
-    ``broker_id`` (typically the last ISR member coming back); with ``unclean``, also for
-    every leaderless partition of which it is a replica and no ISR member is alive (Kafka
-    elects an offline partition's first alive replica then)."""
+    ``broker_id`` (typically the last ISR member coming back); where unclean election is
+    enabled (``unclean``: its static default, module doc), also for every leaderless
+    partition of which it is a replica and no ISR member is alive (Kafka elects an offline
+    partition's first alive replica then)."""
     reg = registration(image, broker_id)
     unfence = pb.UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
     records = [pb.MetadataRecord(unfence_broker=unfence)]
@@ -147,7 +156,7 @@ def unfence_broker(
             continue
         if broker_id in p.isr:
             leader, isr = _elect(p.replicas, p.isr, alive, unclean=False)
-        elif unclean and not alive.intersection(p.isr):
+        elif not alive.intersection(p.isr) and unclean_allowed(image, p, unclean):
             leader, isr = _elect(p.replicas, p.isr, alive, unclean=True)
         else:
             continue
@@ -369,6 +378,24 @@ def registration(
             f"broker {broker_id} is registered at epoch {reg.broker_epoch}, not {broker_epoch}",
         )
     return reg
+
+
+UNCLEAN_CONFIG = "unclean.leader.election.enable"
+_TOPIC, _BROKER = int(ConfigResourceType.TOPIC), int(ConfigResourceType.BROKER)
+
+
+def unclean_allowed(image: MetadataImage, p: PartitionState, default: bool | None) -> bool:
+    """Whether ``p`` may elect an out-of-sync leader: its topic's config, else the
+    cluster-wide dynamic broker config, else ``default``; never when ``default`` is None."""
+    if default is None:
+        return False
+    topic = image.topics.get(p.topic_id)
+    resources = [(_BROKER, "")] if topic is None else [(_TOPIC, topic.name), (_BROKER, "")]
+    for resource in resources:
+        value = image.configs.get(resource, {}).get(UNCLEAN_CONFIG)
+        if value is not None:
+            return value == "true"  # the controller commits the canonical text only
+    return default
 
 
 def _elect(

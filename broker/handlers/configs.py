@@ -1,9 +1,14 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs.
 
 How this works. DescribeConfigs reads this broker's image: a topic's configs are every topic
-config runnel knows (controller/configs.py), each with its value and where it comes from
-(set on the topic, or the value its logs run with: the node's ``[log]`` section); a broker's
-are the broker configs the controller accepts, dynamic where set. Both alter requests go to
+config runnel knows (controller/configs.py), each with the value in force and where it comes
+from, in the order its replicas here resolve it (``broker.replica_manager.topic_settings``):
+set on the topic, else this broker's dynamic broker config, else the cluster-wide one, else
+the node's ``[log]`` section or the built-in default. ``unclean.leader.election.enable`` skips
+this broker's own value, as the controller's elections do (``controller.elections``); the
+controller's static ``unclean_leader_election_enable`` is not known here, so where nothing
+dynamic sets it the answer is Kafka's default, false. A broker's configs are the broker
+configs the controller accepts, dynamic where set. Both alter requests go to
 the active controller as one IncrementalAlterConfigs: AlterConfigs replaces a resource's
 whole set, so it becomes SET for each entry given and DELETE for each entry not given.
 APPEND and SUBTRACT (list-valued configs) are refused with INVALID_REQUEST.
@@ -19,6 +24,7 @@ from broker.handlers.common import Reply
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.configs import BROKER_CONFIGS, canonical_value, describe_topic_configs
+from controller.elections import UNCLEAN_CONFIG
 from controller.image import MetadataImage
 from controller.records import ConfigResourceType
 from proto import controller_pb2 as cpb
@@ -49,7 +55,26 @@ def _entry(name: str, value: str | None, source: int) -> dict[str, Any]:
 def _topic_configs(context: BrokerContext, image: MetadataImage, name: str) -> list[dict[str, Any]]:
     entries = image.configs.get((TOPIC, name), {})
     described = describe_topic_configs(entries, context.settings.log_defaults)
-    return [_entry(n, v, TOPIC_CONFIG if own else _default_source(n, v)) for n, v, own in described]
+    layers = (  # the dynamic broker configs, as topic configs: the nearest first
+        (DYNAMIC_BROKER, _as_topic(image, str(context.settings.broker_id))),
+        (DYNAMIC_DEFAULT_BROKER, _as_topic(image, "")),
+    )
+    out = []
+    for n, v, own in described:
+        source = TOPIC_CONFIG if own else _default_source(n, v)
+        if not own:
+            for layer, values in layers:
+                if n in values and not (layer == DYNAMIC_BROKER and n == UNCLEAN_CONFIG):
+                    v, source = values[n], layer
+                    break
+        out.append(_entry(n, v, source))
+    return out
+
+
+def _as_topic(image: MetadataImage, resource: str) -> dict[str, str]:
+    """A broker resource's dynamic configs under the names of the topic configs they set."""
+    entries = image.configs.get((BROKER, resource), {})
+    return {BROKER_CONFIGS[n]: v for n, v in entries.items() if n in BROKER_CONFIGS}
 
 
 def _default_source(name: str, value: str) -> int:
@@ -76,14 +101,9 @@ def _broker_configs(
             )
         elif config in cluster:
             out.append(_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
-        elif topic_name is not None:
-            out.append(
-                _entry(
-                    config, statics[topic_name], _default_source(topic_name, statics[topic_name])
-                )
-            )
         else:
-            out.append(_entry(config, "false", DEFAULT))
+            static = statics[topic_name]
+            out.append(_entry(config, static, _default_source(topic_name, static)))
     return out
 
 

@@ -15,6 +15,7 @@ from controller.configs import (
     TOPIC_CONFIGS,
     allocate_producer_ids,
     describe_cluster,
+    describe_topic_configs,
     incremental_alter_configs,
     topic_log_config,
     validate_topic_configs,
@@ -166,6 +167,7 @@ def test_unknown_topic_config_name_is_invalid_config() -> None:
         ("message.timestamp.type", "Now", "not CreateTime or LogAppendTime"),
         ("min.insync.replicas", "0", "below the minimum 1"),
         ("max.message.bytes", "", "not an integer"),
+        ("unclean.leader.election.enable", "yes", "not true or false"),
     ],
 )
 def test_impossible_topic_config_values_are_invalid_config(key: str, value: str, why: str) -> None:
@@ -318,9 +320,9 @@ def test_impossible_broker_config_values_are_invalid_config(key: str, value: str
     assert refused(cluster(), alter(BROKER, "1", set_(key, value))).error == cpb.INVALID_CONFIG
 
 
-def test_every_broker_config_maps_to_a_topic_config_or_is_its_own() -> None:
+def test_every_broker_config_maps_to_a_topic_config() -> None:
     for name, topic_name in BROKER_CONFIGS.items():
-        assert topic_name is None or topic_name in TOPIC_CONFIGS, name
+        assert topic_name in TOPIC_CONFIGS, name
 
 
 # -- the helpers create_topics and brokers use -------------------------------------------------
@@ -336,6 +338,15 @@ def test_topic_log_config_lays_a_topic_s_entries_over_the_defaults() -> None:
     assert config == LogConfig(
         segment_bytes=4096, retention_ms=None, message_timestamp_type=TimestampType.LOG_APPEND_TIME
     )
+
+
+def test_unclean_leader_election_is_a_topic_config_too() -> None:
+    # Kafka's per-topic override of the broker default; the elections read it
+    # (tests/controller/test_elections.py).
+    canonical = validate_topic_configs([("unclean.leader.election.enable", "TRUE")], LogConfig())
+    assert canonical == {"unclean.leader.election.enable": "true"}
+    described = {n: (v, own) for n, v, own in describe_topic_configs({}, LogConfig())}
+    assert described["unclean.leader.election.enable"] == ("false", False)
 
 
 def test_validate_topic_configs_refuses_a_name_given_twice() -> None:

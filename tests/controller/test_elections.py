@@ -176,6 +176,53 @@ def test_unclean_election_is_not_used_while_an_isr_member_is_alive() -> None:
     assert (p.leader, p.isr) == (3, (3,))
 
 
+TOPIC, BROKER = rec.ConfigResourceType.TOPIC, rec.ConfigResourceType.BROKER
+UNCLEAN = "unclean.leader.election.enable"
+
+
+def with_configs(
+    image: MetadataImage, *entries: tuple[rec.ConfigResourceType, str, str]
+) -> MetadataImage:
+    """``image`` with ``unclean.leader.election.enable`` set on (resource type, name) to a
+    value, as IncrementalAlterConfigs commits it."""
+    return replay(image, [rec.config(kind, name, UNCLEAN, value) for kind, name, value in entries])
+
+
+@pytest.mark.parametrize(
+    ("static", "entries", "unclean"),
+    [
+        (False, [(TOPIC, "orders", "true")], True),  # the topic's config enables it
+        (True, [(TOPIC, "orders", "false")], False),  # ... or disables it
+        (False, [(BROKER, "", "true")], True),  # the cluster-wide default
+        (True, [(BROKER, "", "false")], False),
+        (False, [(BROKER, "", "true"), (TOPIC, "orders", "false")], False),  # the topic's wins
+        (True, [(TOPIC, "payments", "false")], True),  # another topic's does not count
+        (False, [(BROKER, "1", "true"), (BROKER, "2", "true")], False),  # nor a broker id's
+        (True, [], True),  # nothing set: the controller's static setting
+    ],
+)
+def test_unclean_election_follows_the_topic_then_the_cluster_config_then_the_static_one(
+    static: bool, entries: list[tuple[rec.ConfigResourceType, str, str]], unclean: bool
+) -> None:
+    image = with_configs(cluster(partitions={0: ([1, 2], [1], 1)}), *entries)
+    p = part(replay(image, elections.fence_broker(image, 1, unclean=static)), 0)
+    assert (p.leader, p.isr) == ((2, (2,)) if unclean else (NO_LEADER, (1,)))
+    # An offline partition's out-of-sync replica coming back is elected by the same rule.
+    offline = with_configs(
+        cluster(partitions={0: ([1, 2], [1], NO_LEADER)}, fenced=[1, 2]), *entries
+    )
+    p = part(replay(offline, elections.unfence_broker(offline, 2, unclean=static)), 0)
+    assert p.leader == (2 if unclean else NO_LEADER)
+
+
+def test_a_controlled_shutdown_is_never_unclean_whatever_the_configs() -> None:
+    image = with_configs(
+        cluster(partitions={0: ([1, 2], [1], 1)}), (TOPIC, "orders", "true"), (BROKER, "", "true")
+    )
+    p = part(replay(image, elections.move_leaders_away(image, 1)), 0)
+    assert (p.leader, p.isr) == (NO_LEADER, (1,))
+
+
 def test_fencing_an_unregistered_broker_is_refused() -> None:
     with pytest.raises(DecisionError) as e:
         elections.fence_broker(cluster(), 9, unclean=False)

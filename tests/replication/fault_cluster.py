@@ -706,13 +706,18 @@ class Cluster:
             return False
 
     def create_topic(
-        self, topic: str, partitions: int, min_insync: int = 2, timeout_s: float = 30
+        self,
+        topic: str,
+        partitions: int,
+        min_insync: int = 2,
+        timeout_s: float = 30,
+        configs: dict[str, str] | None = None,
     ) -> list[PartitionView]:
         new = NewTopic(
             topic,
             num_partitions=partitions,
             replication_factor=3,
-            config={"min.insync.replicas": str(min_insync)},
+            config={"min.insync.replicas": str(min_insync), **(configs or {})},
         )
         admin = self.admin()  # it must outlive the future
         admin.create_topics([new], operation_timeout=20)[topic].result(timeout=timeout_s)

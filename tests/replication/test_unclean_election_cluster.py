@@ -1,7 +1,8 @@
-"""Unclean leader election on real processes (controller ``unclean_leader_election_enable``):
-when the last in-sync replica dies, an out-of-sync replica is elected, loudly, and what only
-the dead leader had is lost; the old leader comes back as a follower and truncates its
-divergent tail, so the replicas agree again.
+"""Unclean leader election on real processes (the controller's static
+``unclean_leader_election_enable``, or the topic config ``unclean.leader.election.enable``
+over a controller that leaves it off): when the last in-sync replica dies, an out-of-sync
+replica is elected, loudly, and what only the dead leader had is lost; the old leader comes
+back as a follower and truncates its divergent tail, so the replicas agree again.
 
 The followers are paused (SIGSTOP) until the leader shrinks the ISR to itself (the lag time
 is 2 s) but not past the session timeout (10 s), so the controller still counts them alive.
@@ -62,8 +63,23 @@ def produce(c: Any, topic: str, values: list[str]) -> dict[str, int]:
 def test_an_out_of_sync_replica_is_elected_loudly_and_the_old_leader_truncates(
     replication_cluster: Any,
 ) -> None:
-    c, topic = replication_cluster, "unclean"
-    [view] = c.create_topic(topic, 1, min_insync=1)
+    elected_unclean(replication_cluster, {})
+
+
+@pytest.mark.slow
+@rc.with_settings(
+    controller={"broker_session_timeout_ms": SESSION_MS},
+    broker={"replica_lag_time_max_ms": LAG_MS},
+)
+def test_the_topic_config_enables_unclean_election_over_the_controller_default(
+    replication_cluster: Any,
+) -> None:
+    elected_unclean(replication_cluster, {"unclean.leader.election.enable": "true"})
+
+
+def elected_unclean(c: Any, configs: dict[str, str]) -> None:
+    topic = "unclean"
+    [view] = c.create_topic(topic, 1, min_insync=1, configs=configs)
     leader = view.leader
     followers = [b for b in view.replicas if b != leader]
     kept = produce(c, topic, [f"kept-{i}" for i in range(10)])

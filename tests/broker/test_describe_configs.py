@@ -1,0 +1,73 @@
+"""DescribeConfigs of a topic answers the value in force and where it comes from, in the order
+the broker's replicas and the controller's elections resolve it (broker/handlers/configs.py):
+the topic's own entry, this broker's dynamic broker config, the cluster-wide one, the node's
+``[log]`` section or the built-in default; ``unclean.leader.election.enable`` skips this
+broker's own value, as the elections do. Through the real dispatcher and codec, in process
+(the harness of test_dispatcher.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_dispatcher import ME, Harness
+
+from broker.protocol import ApiKey
+from controller import records as rec
+from controller.image import MetadataDelta
+
+TOPIC, BROKER = rec.ConfigResourceType.TOPIC, rec.ConfigResourceType.BROKER
+# Kafka's ConfigSource codes
+TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER, DEFAULT = 1, 2, 3, 5
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path / "data", auto_create=False)
+    yield harness
+    harness.logs.shutdown()
+
+
+def configure(harness: Harness, *entries: tuple[rec.ConfigResourceType, str, str, str]) -> None:
+    delta = MetadataDelta(harness.image)
+    for offset, (kind, resource, name, value) in enumerate(entries, harness.image.offset + 1):
+        delta.replay(rec.config(kind, resource, name, value), offset)
+    harness.image = delta.apply()
+
+
+def described(harness: Harness, topic: str = "orders") -> dict[str, tuple[str, int]]:
+    resource = {"resource_type": int(TOPIC), "resource_name": topic, "configuration_keys": None}
+    answer = harness.ask(ApiKey.DESCRIBE_CONFIGS, 4, {"resources": [resource]})
+    (result,) = answer.results
+    assert result.error_code == 0, result.error_message
+    return {c.name: (c.value, c.config_source) for c in result.configs}
+
+
+def test_a_topic_s_configs_come_from_the_nearest_layer_that_sets_them(broker: Harness) -> None:
+    before = described(broker)
+    assert before["min.insync.replicas"] == ("1", DEFAULT)
+    assert before["unclean.leader.election.enable"] == ("false", DEFAULT)
+    configure(
+        broker,
+        (BROKER, "", "min.insync.replicas", "2"),
+        (BROKER, "", "log.retention.ms", "1000"),
+        (BROKER, str(ME), "log.retention.ms", "60000"),  # this broker's: nearer
+        (BROKER, str(ME + 1), "log.segment.bytes", "4096"),  # another broker's: not here
+        (TOPIC, "orders", "segment.ms", "5000"),
+        (BROKER, "", "log.roll.ms", "7000"),  # segment.ms's default: the topic's wins
+    )
+    after = described(broker)
+    assert after["min.insync.replicas"] == ("2", DYNAMIC_DEFAULT_BROKER)
+    assert after["retention.ms"] == ("60000", DYNAMIC_BROKER)
+    assert after["segment.ms"] == ("5000", TOPIC_CONFIG)
+    assert after["segment.bytes"] == before["segment.bytes"]
+
+
+def test_unclean_election_is_shown_as_the_elections_read_it(broker: Harness) -> None:
+    configure(broker, (BROKER, str(ME), "unclean.leader.election.enable", "true"))
+    assert described(broker)["unclean.leader.election.enable"] == ("false", DEFAULT)
+    configure(broker, (BROKER, "", "unclean.leader.election.enable", "true"))
+    assert described(broker)["unclean.leader.election.enable"] == ("true", DYNAMIC_DEFAULT_BROKER)
+    configure(broker, (TOPIC, "orders", "unclean.leader.election.enable", "false"))
+    assert described(broker)["unclean.leader.election.enable"] == ("false", TOPIC_CONFIG)
