@@ -4,8 +4,8 @@ How this works. A leader ``Partition`` asks ``propose(partition, isr)`` when a f
 caught up (expand) or fallen behind (shrink). The proposal names the partition's leader and
 partition epochs and each member's broker epoch from this broker's metadata image; the
 request names the leader's broker epoch. The controller refuses the request if that epoch
-is stale, and a change if another epoch is stale or a joining member is fenced or shutting
-down; it commits the rest before answering.
+is stale, and a change if another epoch is stale or any member of the proposed ISR is fenced
+or shutting down; it commits the rest before answering.
 
 Proposals are batched as Kafka's AlterPartitionManager does: one request in flight at a
 time carries every proposal that is due (at most ``MAX_CHANGES_PER_REQUEST``), and those

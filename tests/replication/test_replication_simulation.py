@@ -9,7 +9,8 @@ controller's decisions (controller/elections.py) on random fences, unfences, reg
 and AlterPartitions.
 
 Every failure names its seed, a one-line replay and the tail of the trace. To replay seeds
-here: ``REPLICATION_SIM_SEEDS=17,40 python -m pytest tests/replication/test_simulation.py``.
+here: ``REPLICATION_SIM_SEEDS=17,40 python -m pytest
+tests/replication/test_replication_simulation.py``.
 A long soak: ``REPLICATION_SIM_SOAK=500`` runs 500 seeds of each shape.
 """
 
