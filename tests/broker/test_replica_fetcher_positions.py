@@ -267,3 +267,43 @@ def test_a_metadata_disagreement_rests_briefly_doubling_and_other_errors_the_bac
         assert rest_s() == pytest.approx(backoff_s), "another error did not rest the backoff"
 
     asyncio.run(main())
+
+
+def test_an_answer_for_a_partition_whose_leader_or_epoch_moved_meanwhile_is_dropped(
+    followers: list[Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image may move a partition to another leader or epoch while a fetch is in flight,
+    before the fetcher is told to follow it anew: records of the old leader's answer must
+    not be appended (they may be a tail the new leader does not have)."""
+    monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
+
+    async def main() -> None:
+        fetcher = ReplicaFetcher(LEADER, FetcherConfig(broker_id=ME), lambda _: None)
+        for p in followers:
+            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        connection = _Connection()
+
+        async def fetch_answered_after(change: Any) -> None:
+            batches = [
+                make_batch([b"a", b"b"], base_offset=p.log.log_end_offset) for p in followers
+            ]
+            connection.answer = _Answer(  # each partition's next two records
+                [_PartitionAnswer(i, batch, 0) for i, batch in enumerate(batches)]
+            )
+            response = await fetcher._fetch(connection)
+            change()  # the image moves on while the answer is on its way
+            fetcher._handle(response, fetcher._requests)
+
+        def moved(index: int, leader: int, epoch: int) -> None:
+            replicas = (LEADER, ME, 3)
+            state = PartitionState(TOPIC_ID, index, replicas, replicas, leader, epoch, epoch)
+            followers[index].make_follower(state)
+
+        await fetch_answered_after(lambda: moved(0, LEADER, 1))  # a new epoch, same leader
+        assert [p.log.log_end_offset for p in followers] == [0, 2]
+        await fetch_answered_after(lambda: None)  # nothing moved: partition 1 appends
+        assert [p.log.log_end_offset for p in followers] == [0, 4]
+        await fetch_answered_after(lambda: moved(1, 3, 1))  # another leader
+        assert [p.log.log_end_offset for p in followers] == [0, 4]
+
+    asyncio.run(main())
