@@ -112,6 +112,17 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 self.sessions.pop(request.broker_id, None)  # let go: a restart may register
             elif current is not None and current.broker_epoch == request.broker_epoch:
                 self.sessions[request.broker_id] = current.touched(now, request.metadata_offset)
+            elif current is None or current.broker_epoch < request.broker_epoch:
+                # A broker fenced when this controller became active has no session yet
+                # (``_reset_sessions``); the heartbeat was decided on its current
+                # registration, so it opens one: once unfenced, its silence must expire.
+                self.sessions[request.broker_id] = BrokerSession(
+                    request.broker_id,
+                    request.broker_epoch,
+                    now,
+                    request.metadata_offset,
+                    self.controller.committed_offset,
+                )
 
         return await self._serve(cpb.BrokerHeartbeatResponse, decide, committed)
 
@@ -253,7 +264,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     def _reset_sessions(self) -> None:
         now, offset = self.controller.clock_ms(), self.controller.committed_offset
         image = self.controller.committed_image
-        self.sessions = {  # fenced brokers have no session to keep alive
+        self.sessions = {  # a fenced broker's session opens with its next heartbeat
             b: BrokerSession(b, reg.broker_epoch, now, -1, offset)
             for b, reg in image.brokers.items()
             if not reg.fenced

@@ -1,0 +1,83 @@
+"""The active controller's broker sessions (controller/service.py), over a stand-in for the
+quorum controller that commits every decision at once on an in-memory image and whose clock
+is moved by hand: a broker dead for longer than the session timeout must be fenced, whatever
+state it was in when this controller became active."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from test_elections import cluster, replay
+
+from controller import records as rec
+from controller.config import ControllerConfig
+from controller.image import MetadataImage
+from controller.outcome import Outcome
+from controller.quorum import PeriodicTask
+from controller.service import ControllerService
+from proto import controller_pb2 as cpb
+
+SESSION_MS = 9_000
+
+
+class StandInController:
+    """What ControllerService uses of QuorumController: decisions commit at once."""
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.config = ControllerConfig(broker_session_timeout_ms=SESSION_MS)
+        self.node_id = 1
+        self.now_ms = 1_000_000
+        self.committed_image = image
+        self.committed_offset = image.offset
+        self.activations: list[Callable[[], None]] = []
+        self.periodic: dict[str, PeriodicTask] = {}
+
+    def clock_ms(self) -> int:
+        return self.now_ms
+
+    def on_activation(self, callback: Callable[[], None]) -> None:
+        self.activations.append(callback)
+
+    def add_periodic(self, task: PeriodicTask) -> None:
+        self.periodic[task.name] = task
+
+    async def write(self, decide: Callable[[MetadataImage], Outcome[Any]]) -> tuple[Any, int]:
+        outcome = decide(self.committed_image)
+        self.committed_image = replay(self.committed_image, outcome.records)
+        self.committed_offset = self.committed_image.offset
+        return outcome.response, self.committed_offset
+
+    def activate(self) -> None:
+        for callback in self.activations:
+            callback()
+
+
+async def heartbeat(service: ControllerService, image: MetadataImage, broker_id: int) -> Any:
+    request = cpb.BrokerHeartbeatRequest(
+        broker_id=broker_id,
+        broker_epoch=image.brokers[broker_id].broker_epoch,
+        metadata_offset=image.offset + 1_000,  # caught up
+    )
+    return await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+
+
+def test_a_broker_fenced_at_activation_and_unfenced_later_is_fenced_when_it_goes_silent() -> None:
+    async def main() -> None:
+        image = cluster(partitions={0: ([3, 1], [3, 1], 3)})
+        image = replay(image, [rec.fence_broker(3, image.brokers[3].broker_epoch)])
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        controller.activate()  # broker 3 is fenced now: catching up, say
+        answer = await heartbeat(service, controller.committed_image, 3)
+        assert answer.header.error == cpb.NONE
+        assert not controller.committed_image.brokers[3].fenced
+        controller.now_ms += SESSION_MS + 1  # broker 3 dies; 1 and 2 go on
+        for broker_id in (1, 2):
+            await heartbeat(service, controller.committed_image, broker_id)
+        await controller.periodic["fence"].run()
+        assert controller.committed_image.brokers[3].fenced
+        assert not controller.committed_image.brokers[1].fenced
+
+    asyncio.run(asyncio.wait_for(main(), 30))
