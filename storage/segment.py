@@ -10,7 +10,10 @@ Appends go through ``os.writev`` of caller-supplied buffers, so the batch bytes 
 copied in Python; an index entry (batch last offset -> batch position) is added once more than
 ``index_interval_bytes`` have been written since the previous one. Reads return a
 :class:`FileSlice` (file descriptor, position, length) for ``sendfile``; the descriptor stays
-valid for as long as any slice refers to it, even after the segment is deleted.
+valid for as long as any slice refers to it, even after the segment is deleted or closed
+(a closed segment lets go of its handle, which closes the descriptor once no slice holds it:
+closing it at once would let the number be reused by another file while a fetch answer
+still sends from it).
 
 Not thread-safe for mutation: the owning Log's single writer calls append/truncate/recover/
 roll. ``read`` and ``translate_offset`` may run concurrently with an append.
@@ -18,6 +21,7 @@ roll. ``read`` and ``translate_offset`` may run concurrently with an append.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import weakref
@@ -57,7 +61,30 @@ class FileHandle:
         self._finalizer = weakref.finalize(self, os.close, self.fd)
 
     def close(self) -> None:
+        """Close now, whoever still refers to it (a slice of it then reads a closed number,
+        or another file's: only for handles nothing else can hold)."""
         self._finalizer()
+
+    @staticmethod
+    def closed(path: Path) -> FileHandle:
+        """A stand-in for a segment that let go of its handle: every use fails with EBADF."""
+        return _ClosedHandle(path)
+
+
+class _ClosedHandle(FileHandle):
+    __slots__ = ()
+
+    def __init__(self, path: Path) -> None:  # opens nothing
+        self.path = path
+        self._finalizer = weakref.finalize(self, _not_open, -1)
+
+    @property
+    def fd(self) -> int:  # type: ignore[override]
+        raise OSError(errno.EBADF, f"{self.path}: the segment is closed")
+
+
+def _not_open(fd: int) -> None:
+    """The finalizer of a closed stand-in: there is no descriptor to close."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +363,11 @@ class LogSegment:
         self.time_index.flush()
 
     def close(self) -> None:
+        """Close the indexes and let go of the .log descriptor: it closes now unless a
+        FileSlice still refers to it (a fetch answer being sent), then with the last one."""
         self.offset_index.close()
         self.time_index.close()
-        self.handle.close()
+        self.handle = FileHandle.closed(self.log_path)
 
     def delete(self) -> None:
         """Unlink the files. The descriptor is not closed here: open slices (and a flush in

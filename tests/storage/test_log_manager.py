@@ -218,3 +218,42 @@ def test_checkpoints_written_from_two_threads_at_once_keep_the_dir_online(
     written = OffsetCheckpointFile(data_dir / "replication-offset-checkpoint").read()
     assert len(written) == 20
     manager.shutdown()
+
+
+def test_a_slice_read_before_its_log_is_deleted_keeps_its_own_bytes(tmp_path: Path) -> None:
+    """A fetch answer may still be sending a slice when its partition is deleted: the slice's
+    descriptor must stay its file's. Closed at the deletion, the number would go to the next
+    file opened, and the answer would carry that file's bytes."""
+    manager = LogManager([tmp_path], LogConfig(), clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    log.append_as_leader(make_batch([b"mine" * 100]), leader_epoch=1)
+    data = log.read(0, 1 << 20, isolation=Isolation.LOG_END)
+    assert data.slice is not None
+    expected = data.slice.read()
+    manager.delete_log(TP)
+    other = tmp_path / "other"
+    other.write_bytes(b"SECRET" * 1000)
+    fd = os.open(other, os.O_RDONLY)  # takes the lowest free number
+    try:
+        assert data.slice.read() == expected
+    finally:
+        os.close(fd)
+    number = data.slice.fd
+    del data  # the last reference: now the descriptor closes
+    with pytest.raises(OSError):
+        os.fstat(number)
+    manager.shutdown()
+
+
+def test_closing_a_log_nobody_reads_closes_its_descriptors_at_once(tmp_path: Path) -> None:
+    manager = LogManager([tmp_path], LogConfig(), clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+    log.append_as_leader(make_batch([b"x"]), leader_epoch=1)
+    numbers = [segment.handle.fd for segment in log.segments]
+    manager.delete_log(TP)
+    for number in numbers:
+        with pytest.raises(OSError):
+            os.fstat(number)
+    manager.shutdown()
