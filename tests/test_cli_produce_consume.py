@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from test_local_cluster import REPO, Cluster, free_base_port, wait_for
 from test_local_cluster import runnel as local_runnel
@@ -30,6 +33,7 @@ from runnel.local_cluster import process_alive
 
 pytestmark = pytest.mark.slow
 WAIT_S = 30
+FOLLOW_TIMEOUT_S = 5  # consume --follow: stops this long after its last record
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,3 +213,81 @@ def test_producing_to_a_topic_that_does_not_exist_says_so(local: Local) -> None:
     assert "cli-absent" in done.stderr and re.search(
         r"unknown topic|not exist|not found", done.stderr, re.IGNORECASE
     ), done.stderr
+
+
+def test_consume_follow_prints_records_produced_meanwhile_and_stops_after_timeout_s(
+    local: Local, tmp_path: Path
+) -> None:
+    topic = "cli-follow"
+    local.create_topic(topic, 1)
+    _produce(local, topic, ["a0", "a1"], 0)
+    producer = Producer({"bootstrap.servers": local.bootstrap})
+    producer.list_topics(topic, timeout=10)  # connected before the consumer starts waiting
+    stderr = tmp_path / "follow.stderr"
+    with stderr.open("w") as errors:
+        consumer = subprocess.Popen(
+            [sys.executable, "-m", "runnel", "consume", topic, "--bootstrap", local.bootstrap,
+             "--follow", "--timeout-s", str(FOLLOW_TIMEOUT_S)],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE, stderr=errors, text=True,
+        )  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert consumer.stdout is not None
+        for line in consumer.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)  # end of output
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        printed = [lines.get(timeout=WAIT_S), lines.get(timeout=WAIT_S)]
+        assert printed == ["a0", "a1"]
+        # Meanwhile a consume without --follow reads to the end and stops: it waits for an
+        # empty fetch, longer than the one the --follow consumer had in flight, so that one
+        # is past the end of the partition too and only --follow keeps it going.
+        plain = ok("consume", topic, "--bootstrap", local.bootstrap)
+        assert plain.stdout.splitlines() == ["a0", "a1"]
+        producer.produce(topic, b"b0", partition=0)
+        assert producer.flush(WAIT_S) == 0
+        while (line := lines.get(timeout=WAIT_S)) is not None:
+            printed.append(line)
+        assert consumer.wait(WAIT_S) == 0  # it stopped by itself, FOLLOW_TIMEOUT_S after b0
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait(WAIT_S)
+        reader.join(WAIT_S)
+    assert printed == ["a0", "a1", "b0"]
+    assert f"consumed 3 records from {topic}" in stderr.read_text()
+
+
+def test_produce_acks_zero_one_and_all_deliver_and_only_acks_zero_misses_a_refusal(
+    local: Local,
+) -> None:
+    topic = "cli-acks"
+    local.cluster.ok(
+        "topics", "create", topic, "--partitions", "1", "--replication-factor", "2",
+        "--config", "max.message.bytes=200",
+    )  # fmt: skip
+    for address in local.bootstrap.split(","):
+        wait_for(f"{address} to list {topic}", partial(_listed, address, topic), WAIT_S)
+    sent = []
+    for acks in ("0", "1", "all"):
+        lines = [f"acks {acks}: {i}" for i in range(5)]
+        done = ok(
+            "produce", topic, "--bootstrap", local.bootstrap, "--partition", "0",
+            "--acks", acks, stdin="".join(f"{v}\n" for v in lines),
+        )  # fmt: skip
+        assert f"produced 5 records to {topic}" in done.stderr
+        sent += lines
+    big = "x" * 500 + "\n"  # over the topic's max.message.bytes: the leader refuses it
+    refused = runnel(
+        "produce", topic, "--bootstrap", local.bootstrap, "--acks", "all", stdin=big
+    )  # fmt: skip
+    assert refused.returncode == 1 and "failed: 1 records" in refused.stderr, refused.stderr
+    unheard = runnel("produce", topic, "--bootstrap", local.bootstrap, "--acks", "0", stdin=big)
+    # acks=0: no answer, so the producer counts the record delivered (as Kafka's clients do)
+    assert unheard.returncode == 0 and f"produced 1 records to {topic}" in unheard.stderr
+    assert [r["value"] for r in consume_json(local, topic)] == sent

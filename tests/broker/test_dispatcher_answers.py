@@ -1,0 +1,475 @@
+"""What the handlers answer, through the real dispatcher and codec, for behaviours the other
+tests do not reach: the cluster view a client gets (fenced brokers left out, racks, offline
+replicas, each listener's addresses), the refusals of what runnel does not support
+(APPEND/SUBTRACT, manual replica assignments, transactions), broker DescribeConfigs, topics
+named by id, read_committed fetches, the idempotent producer on the wire and the cap on an
+acks=-1 wait.
+
+The harness is ``test_dispatcher``'s (one broker, id 1, leading "orders" partition 0); other
+metadata images are built by replaying records onto it, as the broker's image would be.
+The controller is a stand-in that answers as the real one does and records what it was
+asked; a request the stand-in is not made for fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dispatch_leader import FETCH_V, DispatchLeader
+from dispatch_leader import values as fetched_values
+from support import make_batch
+from test_dispatcher import CONNECTION, ME, TOPIC_ID, FakeController, Harness
+
+import broker.handlers.produce as produce_handler
+from broker.dispatcher import KafkaDispatcher
+from broker.producer_ids import ProducerIdManager
+from broker.protocol import ApiKey, ErrorCode, decode_response
+from broker.server import ConnectionInfo
+from controller import configs as controller_configs
+from controller import records as rec
+from controller.configs import BROKER_CONFIGS
+from controller.image import MetadataDelta, MetadataImage
+from controller.records import ConfigResourceType
+from proto import controller_pb2 as cpb
+
+PEER, FENCED, UNREGISTERED = 2, 3, 4
+INTERNAL = ConnectionInfo("10.0.0.9:5555", 2, "INTERNAL")
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4  # Kafka's ConfigResource.Type codes
+DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER = 2, 3  # Kafka's ConfigSource codes
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType codes
+
+
+class Controller(FakeController):
+    """Answers DescribeCluster (with the real controller's function, over the broker's
+    current image) and DeleteTopics (the topics go from the broker's image, as once the
+    controller's records reach it); anything else forwarded fails the test."""
+
+    def __init__(self, harness: Harness) -> None:
+        super().__init__()
+        self.harness = harness
+
+    async def call(self, method: str, request: Any) -> Any:
+        image = self.harness.image
+        if method == "DescribeCluster":
+            self.calls.append((method, request))
+            return controller_configs.describe_cluster(image, {}, 1, image.offset)
+        if method == "DeleteTopics":
+            self.calls.append((method, request))
+            removed = [image.topic_ids[n] for n in request.names if n in image.topic_ids]
+            set_image(self.harness, replayed(image, [rec.remove_topic(t) for t in removed]))
+            return cpb.DeleteTopicsResponse(
+                topics=[
+                    cpb.TopicResult(
+                        name=n,
+                        error=cpb.NONE if n in image.topic_ids else cpb.UNKNOWN_TOPIC_OR_PARTITION,
+                    )
+                    for n in request.names
+                ]
+            )
+        self.calls.append((method, request))
+        raise AssertionError(f"unexpected {method}: nothing else is forwarded in these tests")
+
+
+def replayed(base: MetadataImage, records: Sequence[rec.MetadataRecord]) -> MetadataImage:
+    delta = MetadataDelta(base)
+    for offset, record in enumerate(records, start=base.offset + 1):
+        delta.replay(record, offset)
+    return delta.apply()
+
+
+def set_image(harness: Harness, image: MetadataImage) -> None:
+    harness.image = image  # the context reads it through a lambda
+    harness.dispatcher.context.replicas.apply(image)
+
+
+def cluster_records() -> list[rec.MetadataRecord]:
+    """Brokers 1 (this one; rack-a) and 2 (no rack) on two listeners, 3 fenced (rack-c);
+    "orders" partition 0 on 1, 2, 3 and 4 (4 never registered), led here."""
+    return [
+        rec.register_broker(
+            ME, 1, b"i" * 16,
+            [("CLIENT", "127.0.0.1", 9092), ("INTERNAL", "10.0.0.1", 19092)],
+            rack="rack-a", fenced=False,
+        ),
+        rec.register_broker(
+            PEER, 1, b"j" * 16,
+            [("CLIENT", "127.0.0.2", 9092), ("INTERNAL", "10.0.0.2", 19092)],
+            fenced=False,
+        ),
+        rec.register_broker(
+            FENCED, 1, b"k" * 16,
+            [("CLIENT", "127.0.0.3", 9092), ("INTERNAL", "10.0.0.3", 19092)],
+            rack="rack-c", fenced=False,
+        ),
+        rec.fence_broker(FENCED, 1),
+        rec.partition(TOPIC_ID, 0, [ME, PEER, FENCED, UNREGISTERED], [ME, PEER], leader=ME),
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path / "data", auto_create=False)
+    controller = Controller(harness)
+    harness.controller = controller
+    context = harness.dispatcher.context
+    context.controller = controller  # type: ignore[assignment]
+    context.producer_ids = ProducerIdManager(ME, controller, lambda: 0)
+    yield harness
+    harness.logs.shutdown()
+
+
+@pytest.fixture
+def cluster(broker: Harness) -> Harness:
+    set_image(broker, replayed(broker.image, cluster_records()))
+    return broker
+
+
+def listener_dispatcher(harness: Harness, name: str) -> KafkaDispatcher:
+    """The dispatcher of another listener of the same broker, made as broker.runtime makes
+    it: the same context with that listener's name."""
+    context = harness.dispatcher.context
+    settings = dataclasses.replace(context.settings, listener_name=name)
+    other = dataclasses.replace(context, settings=settings)
+    other.fetch_sessions = context.fetch_sessions
+    return KafkaDispatcher(other)
+
+
+def ask_on(
+    harness: Harness,
+    dispatcher: KafkaDispatcher,
+    connection: ConnectionInfo,
+    api_key: int,
+    version: int,
+    body: dict[str, Any],
+) -> Any:
+    reply = dispatcher.handle(harness.frame(api_key, version, body), connection)
+    if inspect.isawaitable(reply):
+        reply = asyncio.run(_bounded(reply))
+    assert isinstance(reply, list)
+    data = b"".join(bytes(p) for p in reply)  # type: ignore[arg-type]
+    correlation_id, response = decode_response(api_key, version, memoryview(data)[4:])
+    assert correlation_id == harness.correlation_id
+    return response
+
+
+async def _bounded(reply: Any) -> Any:
+    return await asyncio.wait_for(reply, 10)
+
+
+def latest_offset(harness: Harness) -> int:
+    partitions = [{"partition_index": 0, "timestamp": -1}]
+    body = {"replica_id": -1, "topics": [{"name": "orders", "partitions": partitions}]}
+    offset: int = harness.ask(ApiKey.LIST_OFFSETS, 7, body).topics[0].partitions[0].offset
+    return offset
+
+
+# -- the cluster view: Metadata and DescribeCluster --------------------------------------------
+
+
+def _metadata(harness: Harness, dispatcher: KafkaDispatcher, connection: ConnectionInfo) -> Any:
+    body = {"topics": [{"name": "orders"}], "allow_auto_topic_creation": False}
+    return ask_on(harness, dispatcher, connection, ApiKey.METADATA, 12, body)
+
+
+def test_metadata_leaves_fenced_brokers_out_and_answers_racks(cluster: Harness) -> None:
+    response = _metadata(cluster, cluster.dispatcher, CONNECTION)
+    assert [(b.node_id, b.host, b.port, b.rack) for b in response.brokers] == [
+        (ME, "127.0.0.1", 9092, "rack-a"),
+        (PEER, "127.0.0.2", 9092, None),
+    ]
+
+
+def test_metadata_lists_replicas_on_fenced_or_unregistered_brokers_as_offline(
+    cluster: Harness,
+) -> None:
+    (topic,) = _metadata(cluster, cluster.dispatcher, CONNECTION).topics
+    (partition,) = topic.partitions
+    assert partition.replica_nodes == [ME, PEER, FENCED, UNREGISTERED]
+    assert partition.isr_nodes == [ME, PEER]
+    assert partition.offline_replicas == [FENCED, UNREGISTERED]
+
+
+def test_metadata_answers_each_listener_with_the_addresses_on_that_listener(
+    cluster: Harness,
+) -> None:
+    internal = listener_dispatcher(cluster, "INTERNAL")
+    on_client = _metadata(cluster, cluster.dispatcher, CONNECTION).brokers
+    on_internal = _metadata(cluster, internal, INTERNAL).brokers
+    assert [(b.node_id, b.host, b.port) for b in on_client] == [
+        (ME, "127.0.0.1", 9092),
+        (PEER, "127.0.0.2", 9092),
+    ]
+    assert [(b.node_id, b.host, b.port) for b in on_internal] == [
+        (ME, "10.0.0.1", 19092),
+        (PEER, "10.0.0.2", 19092),
+    ]
+
+
+def test_describe_cluster_asks_the_controller_and_answers_unfenced_brokers_with_racks(
+    cluster: Harness,
+) -> None:
+    body = {"include_cluster_authorized_operations": False, "endpoint_type": 1}
+    internal = listener_dispatcher(cluster, "INTERNAL")
+    for dispatcher, connection, hosts in [
+        (cluster.dispatcher, CONNECTION, [("127.0.0.1", 9092), ("127.0.0.2", 9092)]),
+        (internal, INTERNAL, [("10.0.0.1", 19092), ("10.0.0.2", 19092)]),
+    ]:
+        response = ask_on(cluster, dispatcher, connection, ApiKey.DESCRIBE_CLUSTER, 1, body)
+        assert response.error_code == ErrorCode.NONE and response.cluster_id == "cluster-x"
+        assert [(b.broker_id, b.host, b.port, b.rack) for b in response.brokers] == [
+            (ME, *hosts[0], "rack-a"),
+            (PEER, *hosts[1], None),
+        ]
+    assert [method for method, _ in cluster.controller.calls] == ["DescribeCluster"] * 2
+
+
+# -- refusals of what runnel does not support ---------------------------------------------------
+
+
+def test_incremental_alter_configs_refuses_append_and_subtract_without_forwarding(
+    broker: Harness,
+) -> None:
+    def resource(kind: int, name: str, config: str, *ops: int) -> dict[str, Any]:
+        configs = [{"name": config, "config_operation": op, "value": "compact"} for op in ops]
+        return {"resource_type": kind, "resource_name": name, "configs": configs}
+
+    body = {
+        "resources": [
+            resource(TOPIC_RESOURCE, "orders", "cleanup.policy", APPEND),
+            resource(BROKER_RESOURCE, "", "log.cleanup.policy", SUBTRACT),
+            resource(BROKER_RESOURCE, str(ME), "log.cleanup.policy", SET, APPEND),
+        ],
+        "validate_only": False,
+    }
+    response = broker.ask(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, body)
+    assert [(r.resource_name, r.error_code) for r in response.responses] == [
+        ("orders", ErrorCode.INVALID_REQUEST),
+        ("", ErrorCode.INVALID_REQUEST),
+        (str(ME), ErrorCode.INVALID_REQUEST),
+    ]
+    assert all("APPEND or SUBTRACT" in r.error_message for r in response.responses)
+    assert broker.controller.calls == []
+
+
+def test_create_topics_with_manual_assignments_is_refused_without_forwarding(
+    broker: Harness,
+) -> None:
+    topic = {
+        "name": "manual",
+        "num_partitions": -1,
+        "replication_factor": -1,
+        "assignments": [{"partition_index": 0, "broker_ids": [ME]}],
+        "configs": [],
+    }
+    response = broker.ask(ApiKey.CREATE_TOPICS, 7, {"topics": [topic], "timeout_ms": 1000})
+    (result,) = response.topics
+    assert (result.name, result.error_code) == ("manual", ErrorCode.INVALID_REQUEST)
+    assert "assignment" in result.error_message
+    assert broker.controller.calls == []
+
+
+def test_create_partitions_with_assignments_is_refused_without_forwarding(broker: Harness) -> None:
+    topic = {"name": "orders", "count": 2, "assignments": [{"broker_ids": [ME]}]}
+    body = {"topics": [topic], "timeout_ms": 1000, "validate_only": False}
+    (result,) = broker.ask(ApiKey.CREATE_PARTITIONS, 3, body).results
+    assert (result.name, result.error_code) == ("orders", ErrorCode.INVALID_REQUEST)
+    assert "assignment" in result.error_message
+    assert broker.controller.calls == []
+
+
+def test_init_producer_id_refuses_a_transactional_id(broker: Harness) -> None:
+    body = {"transactional_id": "tx-1", "transaction_timeout_ms": 60_000}
+    response = broker.ask(ApiKey.INIT_PRODUCER_ID, 4, body)
+    assert response.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert (response.producer_id, response.producer_epoch) == (-1, -1)
+    assert broker.controller.calls == []  # no producer id block asked for
+
+
+def test_produce_with_a_transactional_id_is_refused_per_partition_and_not_appended(
+    broker: Harness,
+) -> None:
+    partitions = [{"index": i, "records": make_batch([b"t"])} for i in (0, 1)]
+    body = {
+        "transactional_id": "tx-1",
+        "acks": 1,
+        "timeout_ms": 1000,
+        "topic_data": [{"name": "orders", "partition_data": partitions}],
+    }
+    (topic,) = broker.ask(ApiKey.PRODUCE, 9, body).responses
+    assert [(p.index, p.error_code, p.base_offset) for p in topic.partition_responses] == [
+        (0, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1),
+        (1, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1),
+    ]
+    assert latest_offset(broker) == 0
+
+
+# -- DescribeConfigs of a broker ----------------------------------------------------------------
+
+
+def test_describe_configs_of_a_broker_lists_its_configs_and_where_dynamic_ones_come_from(
+    broker: Harness,
+) -> None:
+    kind = ConfigResourceType.BROKER
+    set_image(
+        broker,
+        replayed(
+            broker.image,
+            [
+                rec.config(kind, "", "log.retention.ms", "2000"),
+                rec.config(kind, "", "log.segment.bytes", "1048576"),
+                rec.config(kind, str(ME), "log.retention.ms", "1000"),
+            ],
+        ),
+    )
+    resources = [
+        {"resource_type": BROKER_RESOURCE, "resource_name": name, "configuration_keys": None}
+        for name in ("", str(ME), "7", "x")
+    ]
+    body = {"resources": resources, "include_synonyms": False, "include_documentation": False}
+    cluster_wide, mine, unknown, bad = broker.ask(ApiKey.DESCRIBE_CONFIGS, 4, body).results
+
+    def dynamic(result: Any) -> dict[str, tuple[str, int]]:
+        return {
+            c.name: (c.value, c.config_source)
+            for c in result.configs
+            if c.config_source in (DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER)
+        }
+
+    for result in (cluster_wide, mine):
+        assert result.error_code == ErrorCode.NONE
+        assert [c.name for c in result.configs] == sorted(BROKER_CONFIGS)
+    assert dynamic(cluster_wide) == {
+        "log.retention.ms": ("2000", DYNAMIC_DEFAULT_BROKER),
+        "log.segment.bytes": ("1048576", DYNAMIC_DEFAULT_BROKER),
+    }
+    assert dynamic(mine) == {
+        "log.retention.ms": ("1000", DYNAMIC_BROKER),  # its own value before the cluster's
+        "log.segment.bytes": ("1048576", DYNAMIC_DEFAULT_BROKER),
+    }
+    for result, name in ((unknown, "7"), (bad, "x")):
+        assert (result.resource_name, result.error_code) == (name, ErrorCode.INVALID_REQUEST)
+        assert result.configs == []
+
+
+# -- topics named by id -------------------------------------------------------------------------
+
+
+def test_metadata_v12_answers_a_topic_named_by_id(broker: Harness) -> None:
+    body = {"topics": [{"topic_id": uuid.UUID(bytes=TOPIC_ID), "name": None}]}
+    (topic,) = broker.ask(ApiKey.METADATA, 12, body | {"allow_auto_topic_creation": False}).topics
+    assert (topic.error_code, topic.name, topic.topic_id.bytes) == (
+        ErrorCode.NONE,
+        "orders",
+        TOPIC_ID,
+    )
+    assert [p.partition_index for p in topic.partitions] == [0]
+
+
+def test_delete_topics_v6_by_id_forwards_the_topic_s_name(broker: Harness) -> None:
+    unknown = uuid.UUID(bytes=b"\xff" * 16)
+    topics = [
+        {"name": None, "topic_id": uuid.UUID(bytes=TOPIC_ID)},
+        {"name": None, "topic_id": unknown},
+    ]
+    response = broker.ask(ApiKey.DELETE_TOPICS, 6, {"topics": topics, "timeout_ms": 5000})
+    ((method, request),) = broker.controller.calls
+    assert (method, list(request.names)) == ("DeleteTopics", ["orders"])
+    assert [(r.name, r.topic_id, r.error_code) for r in response.responses] == [
+        ("orders", uuid.UUID(bytes=TOPIC_ID), ErrorCode.NONE),
+        (None, unknown, ErrorCode.UNKNOWN_TOPIC_ID),
+    ]
+    assert "orders" not in broker.image.topic_ids
+
+
+# -- Fetch isolation levels ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> Iterator[DispatchLeader]:
+    made = DispatchLeader(tmp_path / "leader")  # "orders" 0: replicas 1 (here) and 2, ISR both
+    yield made
+    made.logs.shutdown()
+
+
+def test_read_committed_answers_no_aborted_transactions_and_the_high_watermark_as_lso(
+    leader: DispatchLeader,
+) -> None:
+    def fetch(replica_id: int, offset: int, isolation_level: int = 0) -> Any:
+        body = leader.fetch_body({0: {"fetch_offset": offset}}, replica_id=replica_id)
+        response = leader.send(ApiKey.FETCH, FETCH_V, body | {"isolation_level": isolation_level})
+        return response.responses[0].partitions[0]
+
+    async def main() -> None:
+        for value in (b"a", b"b", b"c"):
+            leader.produce([value], acks=1)
+        fetch(2, 0)  # the follower reads everything
+        assert fetch(2, 2).high_watermark == 2  # and says it has the first two
+        (partition,) = leader.replicas.partitions()
+        assert partition.log_end_offset == 3
+        committed = fetch(-1, 0, isolation_level=1)
+        assert committed.error_code == ErrorCode.NONE
+        assert (committed.high_watermark, committed.last_stable_offset) == (2, 2)
+        assert committed.aborted_transactions == []
+        assert fetched_values(committed.records) == [b"a", b"b"]
+        uncommitted = fetch(-1, 0, isolation_level=0)
+        assert uncommitted.error_code == ErrorCode.NONE
+        assert uncommitted.aborted_transactions is None
+        assert fetched_values(uncommitted.records) == [b"a", b"b"]
+
+    asyncio.run(main())
+
+
+# -- the idempotent producer on the wire --------------------------------------------------------
+
+
+def test_idempotent_produce_answers_a_duplicate_with_its_offsets_and_refuses_a_gap(
+    broker: Harness,
+) -> None:
+    def produce(values: list[bytes], sequence: int) -> Any:
+        batch = make_batch(values, producer_id=4000, producer_epoch=0, base_sequence=sequence)
+        body = {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 1000,
+            "topic_data": [{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}],
+        }
+        (partition,) = broker.ask(ApiKey.PRODUCE, 9, body).responses[0].partition_responses
+        return partition
+
+    first = produce([b"a", b"b"], 0)
+    assert (first.error_code, first.base_offset) == (ErrorCode.NONE, 0)
+    again = produce([b"a", b"b"], 0)  # a retry of the same batch
+    assert (again.error_code, again.base_offset) == (ErrorCode.NONE, 0)
+    assert latest_offset(broker) == 2  # written once
+    gap = produce([b"d"], 3)  # sequence 2 never sent
+    assert (gap.error_code, gap.base_offset) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+    assert latest_offset(broker) == 2
+    following = produce([b"c"], 2)
+    assert (following.error_code, following.base_offset) == (ErrorCode.NONE, 2)
+
+
+# -- the acks=-1 wait cap -----------------------------------------------------------------------
+
+
+def test_acks_all_waits_at_most_the_cap_whatever_timeout_it_asks(
+    leader: DispatchLeader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(produce_handler, "MAX_ACKS_TIMEOUT_MS", 50)
+
+    async def main() -> None:
+        reply = leader.produce([b"a"], acks=-1, timeout_ms=10**9)  # the follower never fetches
+        assert inspect.isawaitable(reply)
+        response = await asyncio.wait_for(reply, 5)
+        (partition,) = response.responses[0].partition_responses
+        assert (partition.error_code, partition.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, -1)
+        (replica,) = leader.replicas.partitions()
+        assert replica.log_end_offset == 1 and not replica._waiting
+
+    asyncio.run(main())
