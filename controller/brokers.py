@@ -85,11 +85,15 @@ def register_broker(
     sessions: Mapping[int, BrokerSession],
     now_ms: int,
     session_timeout_ms: int,
+    limit: int = elections.MAX_PARTITION_CHANGES,
 ) -> Outcome[cpb.RegisterBrokerResponse]:
     """A new registration (fenced, with the next broker epoch), or the current one again when
     the same process retries. A different process may take over an id only once the session
     of the one registered has expired; the previous incarnation then leaves every ISR and
-    leadership first, as a fenced broker would (its log may have lost unflushed data)."""
+    leadership first, as a fenced broker would (its log may have lost unflushed data). In
+    more partitions than one decision may change (``limit``), it leaves the first ones and
+    the answer is REQUEST_TIMED_OUT with nothing registered: the broker registers again, and
+    each attempt moves the next ones, until none is left and the registration is written."""
     _validate_registration(request)
     broker_id = request.broker_id
     existing = image.brokers.get(broker_id)
@@ -105,7 +109,14 @@ def register_broker(
                 f"{existing.incarnation_id.hex()}, heard from {now_ms - session.last_heartbeat_ms}"
                 " ms ago); it can register once that session expires",
             )
-        records += elections.remove_from_partitions(image, broker_id, unclean=None)
+        records += elections.remove_from_partitions(image, broker_id, unclean=None, limit=limit)
+        if len(records) >= limit:  # maybe more to leave: not registered yet
+            message = (
+                f"broker {broker_id}'s previous incarnation is still leaving its partitions "
+                f"({len(records)} moved now); register again"
+            )
+            header = cpb.ResponseHeader(error=cpb.REQUEST_TIMED_OUT, message=message)
+            return Outcome(tuple(records), cpb.RegisterBrokerResponse(header=header))
     epoch = image.next_broker_epoch
     register = pb.RegisterBrokerRecord(
         broker_id=broker_id,

@@ -298,18 +298,31 @@ def _ineligible(image: MetadataImage, p: PartitionState, member: cpb.IsrMember) 
 
 
 def elect_preferred_leaders(
-    image: MetadataImage, partitions: Iterable[tuple[TopicRef, int]] | None
+    image: MetadataImage,
+    partitions: Iterable[tuple[TopicRef, int]] | None,
+    limit: int = MAX_PARTITION_CHANGES,
 ) -> Outcome[list[ElectionResult]]:
     """Moves leadership to each partition's first replica. ``partitions`` names topics by id
-    or by name; ``None`` means every partition, and then, as in Kafka, partitions whose
-    preferred replica already leads are left out of the answer."""
+    or by name, at most ``limit`` of them (INVALID_REQUEST otherwise); ``None`` means every
+    partition, and then, as in Kafka, partitions whose preferred replica already leads are
+    left out of the answer, and after ``limit`` moves the rest are left for another request
+    (one decision stays small)."""
     every = partitions is None
     if partitions is None:
         partitions = ((p.topic_id, p.partition_id) for p in _partition_states(image))
+    else:
+        partitions = list(dict.fromkeys(partitions))
+        if len(partitions) > limit:
+            raise DecisionError(
+                cpb.INVALID_REQUEST,
+                f"{len(partitions)} partitions named; at most {limit} per request",
+            )
     alive = alive_brokers(image)
     records: list[pb.MetadataRecord] = []
     results = []
     for topic, partition_id in dict.fromkeys(partitions):  # each once, in the order asked
+        if len(records) >= limit:
+            break
         record, result = _elect_preferred(image, topic, partition_id, alive)
         if record is not None:
             records.append(record)
@@ -340,21 +353,24 @@ def _elect_preferred(
 
 
 def rebalance_leaders(
-    image: MetadataImage, imbalance_percentage: int = 0
+    image: MetadataImage, imbalance_percentage: int = 0, limit: int = MAX_PARTITION_CHANGES
 ) -> list[pb.MetadataRecord]:
     """The periodic preferred-leader balancing: each partition whose first replica is alive
     and in the ISR but does not lead is handed back to it (``placement``'s rule), for the
     brokers whose imbalance (the share of the partitions they are preferred for that they do
     not lead) is above ``imbalance_percentage`` (Kafka's
-    ``leader.imbalance.per.broker.percentage``)."""
+    ``leader.imbalance.per.broker.percentage``); at most ``limit`` of them, the rest at the
+    next period."""
     partitions = list(_partition_states(image))
     preferred = Counter(p.replicas[0] for p in partitions)
     states = ((p, p.replicas, p.isr, p.leader) for p in partitions)
     moves = preferred_leader_moves(states, alive_brokers(image))
     behind = Counter(broker for _, broker in moves)
     over = {b for b, n in behind.items() if 100 * n > imbalance_percentage * preferred[b]}
-    records = []
+    records: list[pb.MetadataRecord] = []
     for p, broker in moves:
+        if len(records) >= limit:
+            break
         record = _change(p, broker, p.isr) if broker in over else None
         if record is not None:
             records.append(record)

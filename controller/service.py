@@ -83,6 +83,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             return brokers.register_broker(image, request, self.sessions, now, timeout)
 
         async def committed(response: cpb.RegisterBrokerResponse, offset: int) -> None:
+            if response.header.error != cpb.NONE:
+                return  # partitions moved, nothing registered: the broker asks again
             session = self.sessions.get(request.broker_id)
             if session is None or session.broker_epoch != response.broker_epoch:
                 # Heartbeats report an end offset (everything below it applied): caught up
@@ -249,7 +251,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             return response_type(header=header)
         if committed is not None:
             await committed(response, offset)
-        response.header.CopyFrom(cpb.ResponseHeader(error=cpb.NONE))  # type: ignore[attr-defined]
+        if response.header.error == cpb.NONE:  # type: ignore[attr-defined]
+            # A decision may answer an error with records to commit (a registration that
+            # moved partitions first): its header stays.
+            response.header.CopyFrom(cpb.ResponseHeader(error=cpb.NONE))  # type: ignore[attr-defined]
         return response
 
     def _not_controller(self, leader_id: int) -> cpb.ResponseHeader:

@@ -146,6 +146,27 @@ def test_a_new_incarnation_takes_over_once_the_session_expired() -> None:
     assert (part(after, 1).leader, part(after, 1).isr) == (NO_LEADER, (2,))
 
 
+def test_a_new_incarnation_registers_only_once_the_previous_left_every_partition() -> None:
+    """One decision changes at most ``limit`` partitions: the previous incarnation leaves
+    them over several attempts, each answered REQUEST_TIMED_OUT with nothing registered,
+    and the registration comes only when none is left (else the new process would lead
+    what the old one led, on a log that may have lost data)."""
+    image = cluster(partitions={p: ([2, 1], [2, 1], 2) for p in range(5)})
+    request = registration(2, generation=1)
+    attempts = []
+    while True:
+        outcome = register_broker(image, request, {}, NOW_MS, TIMEOUT_MS, limit=2)
+        attempts.append(outcome.response.header.error)
+        image = replay(image, outcome.records)
+        if outcome.response.header.error == cpb.NONE:
+            break
+        assert image.brokers[2].incarnation_id == incarnation(2)  # not registered yet
+        assert len(attempts) < 10
+    assert attempts == [cpb.REQUEST_TIMED_OUT, cpb.REQUEST_TIMED_OUT, cpb.NONE]
+    assert image.brokers[2].incarnation_id == incarnation(2, 1)
+    assert all(part(image, p).leader == 1 and part(image, p).isr == (1,) for p in range(5))
+
+
 def test_a_session_of_an_earlier_registration_does_not_block_a_new_incarnation() -> None:
     old = sessions(session(2, broker_epoch=epoch_of(2) - 1))
     outcome = register_broker(cluster(), registration(2, generation=1), old, NOW_MS, TIMEOUT_MS)

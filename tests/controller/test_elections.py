@@ -223,6 +223,21 @@ def test_a_controlled_shutdown_is_never_unclean_whatever_the_configs() -> None:
     assert (p.leader, p.isr) == (NO_LEADER, (1,))
 
 
+def test_preferred_leader_elections_change_at_most_limit_partitions_per_decision() -> None:
+    image = cluster(partitions={p: ([1, 2], [1, 2], 2) for p in range(5)})
+    assert len(elections.rebalance_leaders(image, limit=3)) == 3
+    assert len(elections.rebalance_leaders(image)) == 5
+    every = elections.elect_preferred_leaders(image, None, limit=3)
+    assert len(every.records) == 3
+    after = replay(image, every.records)
+    assert len(elections.elect_preferred_leaders(after, None, limit=3).records) == 2
+    named = [(ORDERS, p) for p in range(5)]
+    with pytest.raises(DecisionError) as e:
+        elections.elect_preferred_leaders(image, named, limit=3)
+    assert e.value.code == cpb.INVALID_REQUEST
+    assert len(elections.elect_preferred_leaders(image, named[:3], limit=3).records) == 3
+
+
 def test_fencing_an_unregistered_broker_is_refused() -> None:
     with pytest.raises(DecisionError) as e:
         elections.fence_broker(cluster(), 9, unclean=False)

@@ -6,11 +6,14 @@ state it was in when this controller became active."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from test_elections import cluster, replay
 
+from controller import brokers
 from controller import records as rec
 from controller.config import ControllerConfig
 from controller.image import MetadataImage
@@ -18,6 +21,7 @@ from controller.outcome import Outcome
 from controller.quorum import PeriodicTask
 from controller.service import ControllerService
 from proto import controller_pb2 as cpb
+from proto import metadata_pb2 as mpb
 
 SESSION_MS = 9_000
 
@@ -79,5 +83,35 @@ def test_a_broker_fenced_at_activation_and_unfenced_later_is_fenced_when_it_goes
         await controller.periodic["fence"].run()
         assert controller.committed_image.brokers[3].fenced
         assert not controller.committed_image.brokers[1].fenced
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_registration_that_first_moves_partitions_answers_its_error_and_opens_no_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new incarnation of a broker in more partitions than one decision changes: the
+    service commits the moves, answers REQUEST_TIMED_OUT (the broker registers again) and
+    opens a session only for the registration that is written at last."""
+    monkeypatch.setattr(
+        brokers, "register_broker", functools.partial(brokers.register_broker, limit=2)
+    )
+
+    async def main() -> None:
+        image = cluster(partitions={p: ([2, 1], [2, 1], 2) for p in range(3)})
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        controller.now_ms += SESSION_MS + 1  # broker 2's old process is long gone
+        listener = mpb.Listener(name="PLAINTEXT", host="h2", port=9092)
+        request = cpb.RegisterBrokerRequest(
+            broker_id=2, incarnation_id=bytes(range(16)), listeners=[listener]
+        )
+        first = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
+        assert first.header.error == cpb.REQUEST_TIMED_OUT
+        assert 2 not in service.sessions
+        second = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
+        assert second.header.error == cpb.NONE
+        assert service.sessions[2].broker_epoch == second.broker_epoch
+        assert controller.committed_image.brokers[2].incarnation_id == bytes(range(16))
 
     asyncio.run(asyncio.wait_for(main(), 30))
