@@ -59,7 +59,7 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--bootstrap",
         metavar="HOST:PORT[,HOST:PORT]",
-        help="controller addresses (the Kafka listener comes with a later issue); "
+        help="controller addresses (their controller listener); "
         "default: the local cluster's, from --data-dir",
     )
     add_data_dir_option(target)

@@ -8,7 +8,11 @@ The partitions (all by default) are assigned directly, starting where ``--from``
 offsets are committed. Each record is printed as its value (UTF-8, invalid bytes replaced)
 or, with ``--json``, as one JSON object with partition, offset, timestamp, key, value and
 headers. Without ``--follow`` the command stops once every partition has been read to its
-end (as it was when the command reached it); ``--max-messages`` stops it sooner.
+end (as it was when the command reached it); if that takes more than ``--timeout-s`` (30 by
+default) without a record, it fails (exit 1) naming the partitions not read to their end,
+rather than pass partial output off as the whole. With ``--follow`` it keeps waiting for
+records until Ctrl-C, or until ``--timeout-s`` passes without one when that is given (exit 0
+either way). ``--max-messages`` stops it sooner.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ __all__ = ["register"]
 
 POLL_S = 0.5
 METADATA_TIMEOUT_S = 10.0
+TO_THE_END_TIMEOUT_S = 30  # without --follow: the longest wait for a record
 # confluent-kafka demands a group id even for assign(); nothing is committed under it.
 GROUP_ID = "runnel-consume"
 
@@ -40,9 +45,18 @@ def register(groups: Subparsers) -> None:
     consume.add_argument("--partition", type=int, action="append", metavar="P")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE")
     consume.add_argument("--max-messages", type=positive_int, metavar="N")
-    consume.add_argument("--follow", action="store_true", help="keep waiting for records")
+    consume.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep waiting for records (until Ctrl-C, or --timeout-s without one if given)",
+    )
     consume.add_argument("--json", action="store_true", help="one JSON object per record")
-    consume.add_argument("--timeout-s", type=positive_int, default=30, help="give up after")
+    consume.add_argument(
+        "--timeout-s",
+        type=positive_int,
+        help=f"the longest wait for a record (default: {TO_THE_END_TIMEOUT_S}; "
+        "with --follow, none)",
+    )
     add_broker_options(consume)
     set_handler(consume, _consume)
 
@@ -109,13 +123,24 @@ def _consume(args: argparse.Namespace) -> int:
             "enable.partition.eof": True,
         }
     )
+    timeout_s = args.timeout_s
+    if timeout_s is None and not args.follow:
+        timeout_s = TO_THE_END_TIMEOUT_S
+    printed = 0
     try:
         assignment = _assignment(consumer, args)
         consumer.assign(assignment)
         open_partitions = {tp.partition for tp in assignment}
-        printed = 0
-        deadline = time.monotonic() + args.timeout_s
-        while (args.follow or open_partitions) and time.monotonic() < deadline:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while args.follow or open_partitions:
+            if deadline is not None and time.monotonic() >= deadline:
+                if args.follow:
+                    break
+                left = ", ".join(str(p) for p in sorted(open_partitions))
+                raise CommandError(
+                    f"consume {args.topic}: no record for {timeout_s} s and partition(s) "
+                    f"{left} not read to their end; {printed} records printed"
+                )
             message = consumer.poll(POLL_S)
             if message is None:
                 continue
@@ -127,11 +152,15 @@ def _consume(args: argparse.Namespace) -> int:
                 raise CommandError(f"consume {args.topic}: {error}")
             print(_format(message, args.json), flush=False)
             printed += 1
-            deadline = time.monotonic() + args.timeout_s
+            if timeout_s is not None:
+                deadline = time.monotonic() + timeout_s
             if args.max_messages is not None and printed >= args.max_messages:
                 break
-        sys.stdout.flush()
-        print(f"consumed {printed} records from {args.topic}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
     finally:
+        sys.stdout.flush()
         consumer.close()
+    print(f"consumed {printed} records from {args.topic}", file=sys.stderr)
     return EXIT_OK
