@@ -102,25 +102,40 @@ def _topic(
     }
 
 
-def _requested_names(image: MetadataImage, request: Any) -> list[str] | None:
-    """Names asked for (None: every topic). From v10 a topic may be named by id alone."""
+def _requested_names(image: MetadataImage, request: Any) -> tuple[list[str] | None, list[Any]]:
+    """Names asked for (None: every topic), and the ids asked for that name no topic here.
+    From v10 a topic may be named by id alone."""
     if request.topics is None:
-        return None
-    names = []
+        return None, []
+    names, unknown_ids = [], []
     for item in request.topics:
         name = getattr(item, "name", None)
         if name is None:
             topic_id = getattr(item, "topic_id", None)
             found = image.topics.get(topic_id.bytes) if topic_id is not None else None
-            name = found.name if found is not None else None
-        if name is not None:
-            names.append(name)
-    return names
+            if found is None:
+                unknown_ids.append(topic_id)
+                continue
+            name = found.name
+        names.append(name)
+    return names, unknown_ids
+
+
+def _unknown_id(topic_id: Any, operations: int) -> dict[str, Any]:
+    """A topic asked for by an id no topic has: UNKNOWN_TOPIC_ID, as Kafka answers it."""
+    return {
+        "error_code": ErrorCode.UNKNOWN_TOPIC_ID,
+        "name": None,
+        "topic_id": topic_id,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": operations,
+    }
 
 
 def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     image = context.image()
-    names = _requested_names(image, request)
+    names, unknown_ids = _requested_names(image, request)
     operations = (
         TOPIC_OPERATIONS
         if getattr(request, "include_topic_authorized_operations", False)
@@ -136,7 +151,8 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
         "brokers": _brokers(context, image),
         "cluster_id": context.settings.cluster_id,
         "controller_id": context.settings.broker_id,
-        "topics": [_topic(image, name, error, operations, alive) for name in listed],
+        "topics": [_topic(image, name, error, operations, alive) for name in listed]
+        + [_unknown_id(topic_id, operations) for topic_id in unknown_ids],
         "cluster_authorized_operations": CLUSTER_OPERATIONS
         if getattr(request, "include_cluster_authorized_operations", False)
         else UNSET_OPERATIONS,

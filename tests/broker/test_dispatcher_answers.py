@@ -372,6 +372,20 @@ def test_metadata_v12_answers_a_topic_named_by_id(broker: Harness) -> None:
     assert [p.partition_index for p in topic.partitions] == [0]
 
 
+def test_metadata_v12_answers_an_unknown_topic_id_with_unknown_topic_id(broker: Harness) -> None:
+    unknown = uuid.UUID(bytes=b"\xee" * 16)
+    topics = [
+        {"topic_id": unknown, "name": None},
+        {"topic_id": uuid.UUID(bytes=TOPIC_ID), "name": None},
+    ]
+    body = {"topics": topics, "allow_auto_topic_creation": False}
+    answered = broker.ask(ApiKey.METADATA, 12, body).topics
+    assert [(t.error_code, t.name, t.topic_id) for t in answered] == [
+        (ErrorCode.NONE, "orders", uuid.UUID(bytes=TOPIC_ID)),
+        (ErrorCode.UNKNOWN_TOPIC_ID, None, unknown),
+    ]
+
+
 def test_delete_topics_v6_by_id_forwards_the_topic_s_name(broker: Harness) -> None:
     unknown = uuid.UUID(bytes=b"\xff" * 16)
     topics = [
