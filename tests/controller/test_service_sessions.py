@@ -1,7 +1,8 @@
-"""The active controller's broker sessions (controller/service.py), over a stand-in for the
-quorum controller that commits every decision at once on an in-memory image and whose clock
-is moved by hand: a broker dead for longer than the session timeout must be fenced, whatever
-state it was in when this controller became active."""
+"""The active controller's service (controller/service.py) over a stand-in for the quorum
+controller that commits every decision at once on an in-memory image and whose clock is
+moved by hand: broker sessions (a broker dead for longer than the session timeout must be
+fenced, whatever state it was in when this controller became active), registrations that
+move partitions first, ElectLeaders and the periodic duties it schedules."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_elections import cluster, replay
+from test_elections import ORDERS, cluster, replay
 
 from controller import brokers
 from controller import records as rec
@@ -29,8 +30,8 @@ SESSION_MS = 9_000
 class StandInController:
     """What ControllerService uses of QuorumController: decisions commit at once."""
 
-    def __init__(self, image: MetadataImage) -> None:
-        self.config = ControllerConfig(broker_session_timeout_ms=SESSION_MS)
+    def __init__(self, image: MetadataImage, **config: Any) -> None:
+        self.config = ControllerConfig(broker_session_timeout_ms=SESSION_MS, **config)
         self.node_id = 1
         self.now_ms = 1_000_000
         self.committed_image = image
@@ -115,3 +116,35 @@ def test_a_registration_that_first_moves_partitions_answers_its_error_and_opens_
         assert controller.committed_image.brokers[2].incarnation_id == bytes(range(16))
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_elect_leaders_moves_leadership_to_the_preferred_replicas_named() -> None:
+    async def main() -> None:
+        image = cluster(partitions={0: ([1, 2], [1, 2], 2), 1: ([2, 1], [2, 1], 1)})
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        named = cpb.ElectLeadersRequest(
+            partitions=[cpb.TopicPartitions(topic="orders", partitions=[0])]
+        )
+        answer = await service.ElectLeaders(named, None)  # type: ignore[arg-type]
+        assert [(r.partition, r.error) for r in answer.partitions] == [(0, cpb.NONE)]
+        partitions = controller.committed_image.topics[ORDERS].partitions
+        assert (partitions[0].leader, partitions[1].leader) == (1, 1)
+        every = await service.ElectLeaders(cpb.ElectLeadersRequest(), None)  # type: ignore[arg-type]
+        assert [(r.partition, r.error) for r in every.partitions] == [(1, cpb.NONE)]
+        assert controller.committed_image.topics[ORDERS].partitions[1].leader == 2
+        unknown = cpb.ElectLeadersRequest(
+            partitions=[cpb.TopicPartitions(topic="nope", partitions=[0])]
+        )
+        refused = await service.ElectLeaders(unknown, None)  # type: ignore[arg-type]
+        assert refused.header.error == cpb.UNKNOWN_TOPIC_OR_PARTITION
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_leader_rebalancing_is_scheduled_only_when_enabled(enabled: bool) -> None:
+    controller = StandInController(cluster(), auto_leader_rebalance_enable=enabled)
+    ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+    assert ("rebalance" in controller.periodic) is enabled
+    assert {"fence", "keep-alive"} <= set(controller.periodic)
