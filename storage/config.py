@@ -22,8 +22,8 @@ class LogConfig:
     index_interval_bytes: int = 4096
     max_message_bytes: int = 1024 * 1024 + 12
     flush_messages: int | None = None  # fsync after this many messages; None: page cache
-    flush_ms: int | None = None  # fsync when the oldest unflushed data is this old
-    fsync_each_append: bool = False  # durable before append returns (or via GroupCommit)
+    flush_ms: int | None = None  # fsync unflushed data this long after the last flush
+    fsync_each_append: bool = False  # inline fdatasync in every append, under the log lock
     retention_ms: int | None = 7 * _DAY_MS
     retention_bytes: int | None = None
     cleanup_policy: CleanupPolicy = "delete"

@@ -7,7 +7,9 @@ callers that arrive while one is in flight wait for it and then share the next o
 load the number of fsyncs therefore tracks the fsync latency, not the append rate.
 
 Used with ``LogConfig.fsync_each_append = False``: that setting makes every append fsync
-inline, which is right for synchronous callers and wasteful under concurrency.
+inline, which is right for synchronous callers and wasteful under concurrency. The broker
+does not use this class (only tests do): a broker with ``fsync_each_append`` fsyncs once per
+append, on its event loop.
 """
 
 from __future__ import annotations

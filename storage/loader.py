@@ -2,7 +2,8 @@
 
 Passes, in order:
   1. Remove leftovers of interrupted operations: ``*.tmp``, ``*.cleaned``, ``*.deleted``;
-     complete an interrupted compaction swap (``*.log.swap`` replaces the segments it covers).
+     complete an interrupted compaction swap (``*.log.swap`` replaces the segments it covers,
+     in runnel's naming or Kafka's: see ``_complete_swaps``).
   2. Open every ``.log`` segment; delete index files that have no ``.log``.
   3. After an unclean shutdown (no clean-shutdown marker), recover every segment from the one
      holding the recovery point: re-validate each batch (framing, CRC, increasing offsets),
@@ -13,7 +14,9 @@ Passes, in order:
   4. Check the segments against each other and against the checkpoints: a gap between
      segments of a non-compacted log, or a log start offset beyond the log end, means files
      were deleted behind the engine's back; that is reported (InconsistentLogError), never
-     silently wiped.
+     silently wiped. The exception is a log start above the recovery point after an unclean
+     shutdown: the log start moves without an fsync, so a machine crash may have lost the
+     data under it; the log restarts empty at the log start, with a warning.
   5. Restore the leader-epoch cache (from its checkpoint plus recovered batches, truncated to
      the log's range) and producer state (newest snapshot, then replay to the log end).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +39,24 @@ from storage.errors import InconsistentLogError
 from storage.index import CorruptIndexError
 from storage.log import LEADER_EPOCH_CHECKPOINT, Log, wall_clock_ms
 from storage.producer_state import ProducerStateManager
-from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, open_segment
+from storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    next_offset_of_file,
+    open_segment,
+)
 
 SWAP_SUFFIX = ".swap"
 _log = logging.getLogger(__name__)
-_LEFTOVER_SUFFIXES = (".tmp", ".cleaned", ".deleted")
+_CLEANED_SUFFIX = ".cleaned"
+_LEFTOVER_SUFFIXES = (".tmp", _CLEANED_SUFFIX, ".deleted")
+# runnel's cleaner names its output <base>.<end>.log.swap; Kafka's names each of a segment's
+# files <base>.<suffix>.swap.
+_RUNNEL_SWAP = re.compile(r"([0-9]{20})\.([0-9]{20})\.log\.swap")
+_KAFKA_SWAP = re.compile(r"([0-9]{20})\.(log|index|timeindex|txnindex)\.swap")
+_OFFSET_PREFIX = re.compile(r"([0-9]{20})\.")
 
 
 def load_log(
@@ -52,12 +69,15 @@ def load_log(
     had_clean_shutdown: bool = False,
     clock: Callable[[], int] = wall_clock_ms,
     on_offline: Callable[[Path, BaseException], None] | None = None,
+    jitter_seed: int | None = None,
 ) -> Log:
-    """Open (creating if needed) the log in ``directory``, recovering it if necessary."""
+    """Open (creating if needed) the log in ``directory``, recovering it if necessary.
+    ``jitter_seed``: see :class:`Log` (tests; None seeds from the operating system)."""
     new_directory = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    first_cleaned = _first_cleaned_offset(directory)  # before the leftovers go
     _remove_leftovers(directory)
-    _complete_swaps(directory)
+    _complete_swaps(directory, first_cleaned)
     epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
     segments = _open_segments(directory, config, clock())
     if not segments:
@@ -90,6 +110,15 @@ def load_log(
             )
         # The log start passed the recovery point (it moves without an fsync) and a machine
         # crash lost the unflushed data: all that survived lies below the log start.
+        _log.warning(
+            "%s: the log start offset %d is beyond the log end offset %d found after an "
+            "unclean shutdown: a machine crash lost unflushed data under the log start; "
+            "restarting the log empty at offset %d",
+            directory,
+            start,
+            log_end,
+            start,
+        )
         for segment in segments:
             segment.delete()
         segments[:] = [open_segment(directory, start, config, clock(), create=True)]
@@ -120,6 +149,7 @@ def load_log(
         clock=clock,
         on_offline=on_offline,
         new_directory=new_directory,
+        jitter_seed=jitter_seed,
     )
     log.reload_producer_state(recovered.producer_batches, recovered.suffix_start)
     if not had_clean_shutdown and high_watermark is not None and high_watermark > log_end:
@@ -148,18 +178,64 @@ def swap_file_name(base_offset: int, end_offset: int) -> str:
     return f"{base_offset:020d}.{end_offset:020d}{LOG_SUFFIX}{SWAP_SUFFIX}"
 
 
-def _complete_swaps(directory: Path) -> None:
-    """A swap file is a fully written, fsynced compaction output. Finish what the cleaner
-    started: delete the live segments it covers, then rename it into place (its indexes are
-    rebuilt by recovery)."""
-    for swap in sorted(directory.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
-        base_text, end_text = swap.name.split(".")[:2]
-        base, end = int(base_text), int(end_text)
-        for path in directory.glob(f"*{LOG_SUFFIX}"):
-            other = int(path.name.split(".")[0])
-            if base <= other < end:
-                _delete_segment_files(directory, other)
-        os.replace(swap, directory / f"{base:020d}{LOG_SUFFIX}")
+def _first_cleaned_offset(directory: Path) -> int | None:
+    """The lowest base offset named by a ``.cleaned`` file (an unfinished compaction
+    output), or None."""
+    offsets = []
+    for path in directory.glob(f"*{_CLEANED_SUFFIX}"):
+        match = _OFFSET_PREFIX.match(path.name)
+        if match is not None:
+            offsets.append(int(match.group(1)))
+    return min(offsets, default=None)
+
+
+def _complete_swaps(directory: Path, first_cleaned: int | None) -> None:
+    """A ``.log.swap`` file is a fully written, fsynced compaction output. Finish what the
+    cleaner started: delete the live segments it covers, then rename it into place (its
+    indexes are rebuilt by recovery).
+
+    Two namings are known. runnel's ``<base>.<end>.log.swap`` covers the segments whose base
+    offsets lie in [base, end). Kafka's ``<base>.log.swap`` covers, as Kafka's LogLoader
+    computes, those in [base, the offset after its last batch); its ``.index.swap``,
+    ``.timeindex.swap`` and ``.txnindex.swap`` companions are deleted, since an index
+    carries no checksum and recovery rebuilds it from the log. Either way the swap replaces
+    the segment at its own base. As in Kafka (KAFKA-6264), a Kafka swap file at or above the
+    lowest ``.cleaned`` offset belongs to an operation that had not finished writing its
+    outputs: it is deleted and the live segments stay. (runnel's cleaner renames one output
+    at a time and replaces its segments before it writes the next: its swap is always
+    completed.) A ``.swap`` file of any other name
+    is an InconsistentLogError naming it."""
+    for swap in sorted(directory.glob(f"*{SWAP_SUFFIX}")):
+        runnel = _RUNNEL_SWAP.fullmatch(swap.name)
+        kafka = _KAFKA_SWAP.fullmatch(swap.name)
+        if runnel is not None:
+            base, end = int(runnel.group(1)), int(runnel.group(2))
+        elif kafka is not None and kafka.group(2) == "log":
+            base = int(kafka.group(1))
+            end = next_offset_of_file(swap, base)
+        elif kafka is not None:
+            swap.unlink()  # an index: rebuilt from the log
+            continue
+        else:
+            raise InconsistentLogError(
+                f"{swap}: unknown swap file name; expected <base>.<end>.log.swap (runnel) or "
+                f"<base>.log.swap, .index.swap, .timeindex.swap, .txnindex.swap (Kafka)"
+            )
+        if kafka is not None and first_cleaned is not None and base >= first_cleaned:
+            _log.warning("%s: deleting a swap file of an unfinished compaction", swap)
+            swap.unlink()
+            continue
+        _replace_segments_with(directory, swap, base, max(end, base + 1))
+
+
+def _replace_segments_with(directory: Path, swap: Path, base: int, end: int) -> None:
+    """Delete the segments with base offsets in [base, end), then rename ``swap`` to the
+    segment at ``base``."""
+    for path in directory.glob(f"*{LOG_SUFFIX}"):
+        match = _OFFSET_PREFIX.match(path.name)
+        if match is not None and base <= int(match.group(1)) < end:
+            _delete_segment_files(directory, int(match.group(1)))
+    os.replace(swap, directory / f"{base:020d}{LOG_SUFFIX}")
 
 
 def _delete_segment_files(directory: Path, base: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import random
 import struct
 import threading
 import time
@@ -98,6 +99,9 @@ class FetchData:
     log_end_offset: int
 
 
+_JITTER = random.Random()  # the roll jitter of logs given no seed
+
+
 def _io_guarded(method: Callable[Concatenate[Log, P], R]) -> Callable[Concatenate[Log, P], R]:
     """Run a mutation under the lock; an OSError takes the log offline (running out of file
     descriptors does not: that is a limit, not a failed disk)."""
@@ -142,7 +146,11 @@ class Log:
         clock: Callable[[], int] = wall_clock_ms,
         on_offline: Callable[[Path, BaseException], None] | None = None,
         new_directory: bool = False,
+        jitter_seed: int | None = None,
     ) -> None:
+        """``jitter_seed`` seeds the draw of each segment's roll jitter (tests); None draws
+        from one generator all such logs share (a generator's state is 2.5 KB: not one per
+        partition)."""
         invariant(bool(segments), "a log always has an active segment")
         self.dir = directory
         self.config = config
@@ -150,6 +158,9 @@ class Log:
         self._bases = [s.base_offset for s in segments]
         self._lock = threading.RLock()
         self._clock = clock
+        self._jitter_random = _JITTER if jitter_seed is None else random.Random(jitter_seed)
+        for segment in segments:  # any of them becomes active again after a truncation
+            segment.roll_jitter_ms = self._draw_roll_jitter_ms()
         self._on_offline = on_offline
         self._offline: BaseException | None = None
         self._closed = False  # by close() or abandon(): not an I/O error
@@ -401,10 +412,17 @@ class Log:
             or (
                 segment.size > 0
                 and segment.time_waited_for_roll(now_ms, max_timestamp)
-                > cfg.segment_ms - cfg.segment_jitter_ms
+                > cfg.segment_ms - min(segment.roll_jitter_ms, cfg.segment_jitter_ms)
             )
         ):
             self._roll(now_ms)
+
+    def _draw_roll_jitter_ms(self) -> int:
+        """A segment's roll jitter, as Kafka's ``randomSegmentJitter``: uniform in
+        [0, segment_jitter_ms), which the config keeps below ``segment_ms``. (The roll check
+        caps it by the current setting, which may have been lowered since the draw.)"""
+        jitter = self.config.segment_jitter_ms
+        return self._jitter_random.randrange(jitter) if jitter > 0 else 0
 
     @_io_guarded
     def roll(self) -> LogSegment:
@@ -443,7 +461,10 @@ class Log:
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
         self._names_created += 1
-        return open_segment(self.dir, base_offset, self.config, now_ms, create=True)
+        jitter = self._draw_roll_jitter_ms()
+        return open_segment(
+            self.dir, base_offset, self.config, now_ms, create=True, roll_jitter_ms=jitter
+        )
 
     # -- reads -----------------------------------------------------------------------------
     def read(
@@ -628,6 +649,13 @@ class Log:
                 ps.update(header)
         ps.update_map_end_offset(self._log_end_offset)
 
+    @_io_guarded
+    def expire_producers(self, now_ms: int) -> None:
+        """Forget idempotent producers silent for ``producer_id_expiration_ms`` (Kafka's
+        removeExpiredProducers). The LogManager's maintenance thread calls it periodically;
+        the lock keeps it apart from appends, which update producer state under it."""
+        self.producer_state.remove_expired(now_ms)
+
     # -- compaction ------------------------------------------------------------------------
     @_io_guarded
     def replace_segments(self, old_bases: Sequence[int], swap_path: Path) -> LogSegment:
@@ -649,7 +677,13 @@ class Log:
             segment.delete()
         live = self.dir / f"{old_bases[0]:020d}.log"
         os.replace(swap_path, live)
-        segment = open_segment(self.dir, old_bases[0], self.config, self._clock())
+        segment = open_segment(
+            self.dir,
+            old_bases[0],
+            self.config,
+            self._clock(),
+            roll_jitter_ms=self._draw_roll_jitter_ms(),
+        )
         segment.recover(lambda _: None, max_batch_bytes=segment.size + 1)
         segment.on_become_inactive()
         segment.flush()

@@ -49,6 +49,9 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+# How often maintenance forgets expired producer ids (Kafka's default for
+# producer.id.expiration.check.interval.ms).
+PRODUCER_EXPIRATION_CHECK_INTERVAL_MS = 10 * 60 * 1000
 
 _log = logging.getLogger(__name__)
 
@@ -91,6 +94,9 @@ class LogManager:
         # (high watermarks every few seconds); each file goes through one temp name.
         self._checkpoint_lock = threading.Lock()
         self._checkpoints_due: set[Path] = set()  # after truncations, at the loop's next turn
+        # When maintenance last expired producer ids (None before its first pass: loading a
+        # log drops the expired ones, so the first check is an interval after that pass).
+        self._producers_expired_ms: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
@@ -209,8 +215,10 @@ class LogManager:
     # -- periodic work ---------------------------------------------------------------------
     def run_maintenance(self, now_ms: int | None = None) -> None:
         """One pass of the background duties: time-based flush, retention, compaction,
-        checkpoints."""
+        checkpoints, and every ``PRODUCER_EXPIRATION_CHECK_INTERVAL_MS`` the expiry of
+        producer ids silent for ``producer_id_expiration_ms``."""
         now = self._clock() if now_ms is None else now_ms
+        expire_producers = self._producer_expiration_due(now)
         for tp, log in list(self._logs.items()):
             if log.offline:
                 continue
@@ -220,6 +228,8 @@ class LogManager:
                 # on its scheduler too), so a machine crash can only lose the active one.
                 log.flush(log.active_segment.base_offset)
                 log.delete_old_segments(now)
+                if expire_producers:
+                    log.expire_producers(now)
                 if log.config.compact:
                     self._compact(tp, log, now)
             except LogDirOfflineError as e:
@@ -230,6 +240,17 @@ class LogManager:
         for data_dir in self.data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
+
+    def _producer_expiration_due(self, now_ms: int) -> bool:
+        """Whether this pass expires producer ids: once per check interval, as Kafka's
+        scheduler does, since it walks every producer of every log."""
+        if self._producers_expired_ms is None:
+            self._producers_expired_ms = now_ms
+            return False
+        if now_ms - self._producers_expired_ms < PRODUCER_EXPIRATION_CHECK_INTERVAL_MS:
+            return False
+        self._producers_expired_ms = now_ms
+        return True
 
     async def run_periodically(self, interval_ms: int, stop: asyncio.Event) -> None:
         """Run :meth:`run_maintenance` every ``interval_ms`` in a worker thread (its fsyncs

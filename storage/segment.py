@@ -122,6 +122,7 @@ class LogSegment:
         max_index_bytes: int,
         created_ms: int,
         create: bool = False,
+        roll_jitter_ms: int = 0,
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
@@ -138,6 +139,9 @@ class LogSegment:
             max_index_bytes,
         )
         self.created_ms = created_ms
+        # How much sooner than ``segment_ms`` this segment rolls: drawn per segment by the
+        # owning Log (``segment_jitter_ms``), so partitions do not all roll at once.
+        self.roll_jitter_ms = roll_jitter_ms
         self.rolling_base_timestamp: int | None = None
         self.max_timestamp = -1
         self.offset_of_max_timestamp = base_offset
@@ -384,7 +388,13 @@ class LogSegment:
 
 
 def open_segment(
-    directory: Path, base_offset: int, config: LogConfig, now_ms: int, *, create: bool = False
+    directory: Path,
+    base_offset: int,
+    config: LogConfig,
+    now_ms: int,
+    *,
+    create: bool = False,
+    roll_jitter_ms: int = 0,
 ) -> LogSegment:
     """Open (or with ``create``, start) the segment at ``base_offset`` with ``config``."""
     return LogSegment(
@@ -394,7 +404,23 @@ def open_segment(
         max_index_bytes=config.segment_index_bytes,
         created_ms=now_ms,
         create=create,
+        roll_jitter_ms=roll_jitter_ms,
     )
+
+
+def next_offset_of_file(path: Path, base_offset: int) -> int:
+    """The offset after the last valid batch of the segment file at ``path`` (``base_offset``
+    when it holds none), scanning every batch header: for a file no segment has open, such
+    as a compaction's ``.swap`` output."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        next_offset = base_offset
+        for _, header in _scan_batches(fd, 0, size, size, validate=True):
+            next_offset = max(next_offset, header.next_offset)
+        return next_offset
+    finally:
+        os.close(fd)
 
 
 def _writev_all(

@@ -20,6 +20,7 @@ import storage.cleaner as cleaner
 from storage.batch import CompressionType, validate_batch
 from storage.cleaner import CleanStats, OffsetMapFullError, compact
 from storage.config import LogConfig
+from storage.errors import InconsistentLogError
 from storage.loader import load_log, swap_file_name
 from storage.log import Isolation, Log
 from storage.log_manager import LogManager
@@ -449,6 +450,76 @@ def test_a_swap_file_is_completed_on_load(
     compact(log, clock.now_ms)
     assert rows(log) == compacted_model(written, 40, 40)
     log.abandon()
+
+
+def _kafka_swap_of_second_segment(log: Log) -> tuple[Log, list[int]]:
+    """A log whose first two segments a Kafka-style compaction replaced by the second one's
+    batches alone, before the crash: ``<first base>.log.swap`` plus index swap files (of
+    garbage: they must not be trusted). Returns the log, closed, and the segment bases."""
+    bases = [s.base_offset for s in log.segments]
+    kept = log.segments[1].log_path.read_bytes()
+    log.abandon()
+    name = f"{bases[0]:020d}"
+    (log.dir / f"{name}.log.swap").write_bytes(kept)
+    for suffix in ("index", "timeindex", "txnindex"):
+        (log.dir / f"{name}.{suffix}.swap").write_bytes(b"\xff" * 24)
+    return log, bases
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_kafka_named_swap_file_is_completed_on_load(
+    open_log: OpenLog, clock: FakeClock, clean: bool
+) -> None:
+    """Kafka names a compaction's swap files <base>.log.swap (.index.swap, ...): the log
+    swap replaces the segments with bases from its own up to the offset after its last
+    batch, as Kafka's LogLoader does; the index swaps are rebuilt from it."""
+    log = open_log(CONFIG)
+    written = fill(log, 40, keys=4)
+    commit_and_roll(log)
+    if clean:
+        log.close()
+    log, bases = _kafka_swap_of_second_segment(log)
+
+    reopened = load_log(
+        log.dir, CONFIG, recovery_point=40, high_watermark=40, had_clean_shutdown=clean, clock=clock
+    )
+
+    assert not list(reopened.dir.glob("*.swap"))
+    assert [s.base_offset for s in reopened.segments] == [bases[0], *bases[2:]]
+    assert rows(reopened) == [row for row in written if row[0] >= bases[1]]
+    assert reopened.read(bases[1], 1 << 20).start_offset == bases[1]
+    check_files_valid(reopened)
+    reopened.abandon()
+
+
+def test_a_kafka_named_swap_file_above_a_cleaned_file_is_discarded(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    """KAFKA-6264: a .swap at or above the lowest .cleaned offset belongs to an operation
+    that never finished writing its outputs; the live segments stay."""
+    log = open_log(CONFIG)
+    written = fill(log, 40, keys=4)
+    commit_and_roll(log)
+    log, bases = _kafka_swap_of_second_segment(log)
+    (log.dir / f"{bases[0]:020d}.log.cleaned").write_bytes(b"half written")
+
+    reopened = load_log(log.dir, CONFIG, high_watermark=40, clock=clock)
+
+    assert not list(reopened.dir.glob("*.swap")) and not list(reopened.dir.glob("*.cleaned"))
+    assert rows(reopened) == written
+    reopened.abandon()
+
+
+def test_a_swap_file_of_unknown_name_is_refused_by_name(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    log = open_log(CONFIG)
+    fill(log, 5, keys=2)
+    log.abandon()
+    odd = log.dir / "00000000000000000000.snapshot.swap"
+    odd.write_bytes(b"")
+    with pytest.raises(InconsistentLogError, match=str(odd)):
+        load_log(log.dir, CONFIG, clock=clock)
 
 
 def _next_base(log: Log, base: int) -> int:

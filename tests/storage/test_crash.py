@@ -622,11 +622,14 @@ def test_truncations_in_one_event_loop_turn_share_one_checkpoint_at_the_next(
     manager.shutdown()
 
 
-def test_machine_crash_losing_data_under_the_log_start_offset(tmp_path: Path) -> None:
+def test_machine_crash_losing_data_under_the_log_start_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The log start may pass the recovery point (DeleteRecords up to the HW, which does not
     wait for fsync). If the machine then loses the unflushed tail, the log start checkpoint
     lies beyond the log end, yet no file was deleted behind the engine's back: the log must
-    open, and the records below the log start must stay deleted."""
+    open, the records below the log start must stay deleted, and a warning names the
+    directory, the log start and the log end found."""
     log = load_log(tmp_path / "topic-0", CONFIG, clock=FakeClock())
     append_batches(log, 1)
     log.flush()
@@ -653,6 +656,11 @@ def test_machine_crash_losing_data_under_the_log_start_offset(tmp_path: Path) ->
         assert reopened.log_start_offset <= reopened.high_watermark <= reopened.log_end_offset
     finally:
         reopened.abandon()
+    found_end = recovery_point  # what survived: the flushed prefix
+    said = f"log start offset {log_start} is beyond the log end offset {found_end}"
+    [warning] = [r for r in caplog.records if said in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert warning.getMessage().startswith(f"{tmp_path / 'topic-0'}: ")
 
 
 def test_a_machine_crash_before_the_first_flush_may_take_every_segment(

@@ -4,13 +4,14 @@ idempotent producers, bad input and I/O failure."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from conftest import OpenLog
 from support import FakeClock, make_batch
 
-from storage.batch import TimestampType, parse_header, validate_batch
-from storage.config import LogConfig
+from storage.batch import CompressionType, TimestampType, parse_header, validate_batch
+from storage.config import CleanupPolicy, LogConfig
 from storage.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
@@ -20,6 +21,7 @@ from storage.errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
+from storage.loader import load_log
 from storage.log import Isolation, Log
 from storage.records import iter_decoded
 
@@ -140,6 +142,45 @@ def test_roll_by_time(open_log: OpenLog, clock: FakeClock) -> None:
     assert len(log.segments) == 1
     log.append_as_leader(make_batch([b"c"], timestamp_ms=clock.now_ms + 1500), leader_epoch=0)
     assert [s.base_offset for s in log.segments] == [0, 2]
+
+
+def _roll_ages_ms(log: Log, clock: FakeClock, rolls: int) -> list[int]:
+    """Append one batch per millisecond of record time; for each of ``rolls`` rolls, how old
+    the segment's first batch was when the next append rolled it."""
+    ages: list[int] = []
+    first = timestamp = clock.now_ms
+    while len(ages) < rolls:
+        segments = len(log.segments)
+        log.append_as_leader(make_batch([b"x"], timestamp_ms=timestamp), leader_epoch=0)
+        if len(log.segments) > segments:
+            ages.append(timestamp - first)
+            first = timestamp
+        timestamp += 1
+    return ages
+
+
+def test_each_segment_rolls_at_its_own_random_jitter(clock: FakeClock, tmp_path: Path) -> None:
+    """As Kafka's randomSegmentJitter: each segment draws a jitter in [0, segment_jitter_ms)
+    and rolls once its first batch is older than segment_ms minus that jitter, so that
+    partitions created together do not all roll at once."""
+    config = LogConfig(segment_ms=1000, segment_jitter_ms=400, retention_ms=None)
+    ages: dict[int, list[int]] = {}
+    for seed in (1, 2):
+        log = load_log(tmp_path / f"topic-{seed}", config, clock=clock, jitter_seed=seed)
+        ages[seed] = _roll_ages_ms(log, clock, rolls=4)
+        log.abandon()
+    every_age = ages[1] + ages[2]
+    assert all(1000 - 400 < age <= 1000 for age in every_age), ages
+    assert ages[1] != ages[2]  # logs with different seeds roll at different times
+    assert len(set(ages[1])) > 1  # and each segment draws its own jitter
+
+
+def test_without_jitter_a_segment_rolls_exactly_at_segment_ms(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    log = open_log(LogConfig(segment_ms=1000, retention_ms=None), jitter_seed=1)
+    assert _roll_ages_ms(log, clock, rolls=3) == [1001, 1001, 1001]
+    assert {segment.roll_jitter_ms for segment in log.segments} == {0}
 
 
 def test_roll_when_the_index_is_full(open_log: OpenLog) -> None:
@@ -389,6 +430,30 @@ def test_a_compacted_log_refuses_records_without_a_key(open_log: OpenLog) -> Non
         log.append_as_leader(make_batch([b"v"], keys=[None]), leader_epoch=0)
     info = log.append_as_leader(make_batch([b"v"], keys=[b"k"]), leader_epoch=0)
     assert info.first_offset == 0 and log.log_end_offset == 1
+
+
+_COMPRESSED = [c for c in CompressionType if c is not CompressionType.NONE]
+
+
+@pytest.mark.parametrize("cleanup_policy", ["delete", "compact"])
+@pytest.mark.parametrize("codec", _COMPRESSED, ids=lambda c: c.name.lower())
+def test_a_leader_refuses_a_batch_decompressing_beyond_the_limit(
+    open_log: OpenLog, codec: CompressionType, cleanup_policy: CleanupPolicy
+) -> None:
+    """A small compressed batch may expand enormously (a decompression bomb): the leader
+    decompresses at most max_decompressed_batch_bytes, when it checks the record framing
+    or, for a compacted topic, when it decodes records to require keys."""
+    config = LogConfig(max_decompressed_batch_bytes=4096, cleanup_policy=cleanup_policy)
+    log = open_log(config)
+    log.append_as_leader(make_batch([b"ok"], keys=[b"k"]), leader_epoch=0)
+    before = (log.log_end_offset, log.size_bytes, read_all(log))
+    bomb = make_batch([b"\0" * 100_000], keys=[b"k"], compression=codec)
+    assert len(bomb) < config.max_message_bytes  # only its decompressed size is too large
+    with pytest.raises(CorruptRecordError, match="decompresses to more than 4096 bytes"):
+        log.append_as_leader(bomb, leader_epoch=0)
+    assert (log.log_end_offset, log.size_bytes, read_all(log)) == before
+    within = make_batch([b"\0" * 3000], keys=[b"k"], compression=codec)
+    assert log.append_as_leader(within, leader_epoch=0).first_offset == before[0]
 
 
 def test_appends_after_a_reopen_go_to_the_end_of_the_segment(open_log: OpenLog) -> None:

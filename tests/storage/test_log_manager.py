@@ -19,6 +19,7 @@ from storage.log import Isolation
 from storage.log_manager import (
     CLEAN_SHUTDOWN_FILE,
     LOG_START_CHECKPOINT,
+    PRODUCER_EXPIRATION_CHECK_INTERVAL_MS,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_CHECKPOINT,
     LogManager,
@@ -191,6 +192,40 @@ def test_the_periodic_pass_flushes_after_flush_ms(tmp_path: Path) -> None:
     asyncio.run(main())
     assert log.recovery_point == 2
     assert log.flush_count >= 1
+    manager.shutdown()
+
+
+def test_maintenance_expires_producer_ids_every_check_interval(tmp_path: Path) -> None:
+    """As Kafka's PeriodicProducerExpirationCheck: a running broker forgets producer ids
+    silent for producer_id_expiration_ms, checking at most once per interval."""
+    clock = FakeClock()
+    hour_ms = 60 * 60 * 1000
+    manager = LogManager([tmp_path], LogConfig(producer_id_expiration_ms=hour_ms), clock=clock)
+    manager.startup()
+    log = manager.get_or_create_log(TP)
+
+    def produce(producer_id: int) -> None:
+        batch = make_batch(
+            [b"x"],
+            timestamp_ms=clock.now_ms,
+            producer_id=producer_id,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+        log.append_as_leader(batch, leader_epoch=0)
+
+    produce(1)
+    manager.run_maintenance()  # the first pass starts the interval
+    clock.advance(hour_ms - 1)
+    produce(2)
+    manager.run_maintenance()  # a check, one millisecond too early for producer 1
+    assert set(log.producer_state.producers) == {1, 2}
+    clock.advance(2)
+    manager.run_maintenance()  # producer 1 has expired, but no check is due yet
+    assert set(log.producer_state.producers) == {1, 2}
+    clock.advance(PRODUCER_EXPIRATION_CHECK_INTERVAL_MS - 2)
+    manager.run_maintenance()
+    assert set(log.producer_state.producers) == {2}
     manager.shutdown()
 
 
