@@ -35,7 +35,7 @@ from controller.outcome import DecisionError, Outcome
 from controller.records import encode
 from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
-from raft.core import NotLeader
+from raft.core import NotLeader, RecordTooLarge
 from raft.driver import RaftNode
 
 __all__ = ["NotController", "PeriodicTask", "QuorumController"]
@@ -172,6 +172,10 @@ class QuorumController:
             future = self.node.submit([encode(record) for record in outcome.records])
         except NotLeader as e:
             raise NotController(e.leader_id, e.epoch) from None
+        except RecordTooLarge as e:  # nothing queued: the request is refused as a whole
+            raise DecisionError(
+                cpb.INVALID_REQUEST, f"a metadata record is too large: {e}"
+            ) from None
         self._speculative = delta.apply()
         return future
 

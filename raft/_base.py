@@ -42,6 +42,17 @@ if TYPE_CHECKING:
     from raft.core import RaftConfig
 
 _RECORD_LENGTH = struct.Struct(">I")
+# What a record adds to a batch besides its bytes, at most: its 4-byte length in the core's
+# framing, and at most 19 bytes in the Kafka v2 record the log store writes (length,
+# attributes, timestamp and offset deltas, key and value lengths, header count: varints and
+# a byte). Sizes of batches count each record as its bytes plus this, so a batch within
+# ``max_batch_bytes`` stays within it however the record is framed.
+RECORD_OVERHEAD_BYTES = 20
+
+
+def record_bytes(record: bytes) -> int:
+    """What one record counts towards a batch's size (see ``RECORD_OVERHEAD_BYTES``)."""
+    return len(record) + RECORD_OVERHEAD_BYTES
 
 
 def encode_records(records: Sequence[bytes]) -> bytes:
@@ -103,6 +114,9 @@ class _CoreBase:
     _epochs: list[tuple[int, int]]  # (epoch, start offset), ascending
     _snapshot: SnapshotId | None
     _hw: int
+    _batch_limit: int  # batches of several proposals stay within this many bytes
+    _log_batch_limit: int  # the largest batch the log stores: a proposal within it is whole
+    _record_limit: int  # the largest record the log can store (alone in a batch)
     _election_failures: int
     _out: _Out
     _role: _Role

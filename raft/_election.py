@@ -1,6 +1,7 @@
 """Elections: a pre-vote (no epoch bump) that a voter still hearing from its leader refuses,
 then a vote in a new epoch; and the announcements around a term, BeginQuorumEpoch from a new
-leader and EndQuorumEpoch from one that resigns (its preferred successors campaign first).
+leader and EndQuorumEpoch from one that resigns (it names the other voters, most caught-up
+first, and they campaign in that order, the first at once).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from raft.messages import (
     VoteRequest,
     VoteResponse,
 )
+
+SUCCESSOR_STEP_MS = 50  # between the campaigns of successors named by a resigning leader
 
 
 class _ElectionMixin(_CoreBase):
@@ -136,14 +139,21 @@ class _ElectionMixin(_CoreBase):
             and role.leader_id == request.leader_id
             and self.is_voter
         ):
-            # Successors named first go first; the others wait a little longer.
-            rank = (
-                request.preferred_successors.index(self.node_id)
-                if self.node_id in request.preferred_successors
-                else len(self.voters)
-            )
-            role.deadline_ms = min(role.deadline_ms, self._now + rank * 50 + self._backoff())
+            # The leader is leaving: news as good as a reset connection, so grant pre-votes
+            # now (a voter still counting it as heard would refuse them for a whole fetch
+            # timeout, and with five voters no successor could win sooner).
+            role.leader_unreachable = True
+            role.deadline_ms = min(role.deadline_ms, self._now + self._successor_delay(request))
         self._send(source, EndQuorumEpochResponse(self.epoch))
+
+    def _successor_delay(self, request: EndQuorumEpochRequest) -> int:
+        """When to campaign after the leader resigned: the first successor it names (the
+        most caught-up voter) at once, as in KRaft, the n-th ``n * SUCCESSOR_STEP_MS`` later
+        (no randomness: ranks differ); a voter not named after all of them, with a backoff."""
+        successors = request.preferred_successors
+        if self.node_id in successors:
+            return successors.index(self.node_id) * SUCCESSOR_STEP_MS
+        return len(self.voters) * SUCCESSOR_STEP_MS + self._backoff()
 
     def _on_end_quorum_epoch_response(self, source: int, response: EndQuorumEpochResponse) -> None:
         del source, response  # nothing to do: resignation is best effort

@@ -1,15 +1,19 @@
-"""The leader: it appends proposals in batches, answers Fetch and FetchSnapshot requests
-(long polls park until data arrives, the HW moves or the wait runs out; a fetcher not yet
-told the current HW is answered at once, else a commit that happened between two of its
-fetches would reach it only when its next long poll runs out), advances the high
-watermark once a majority of voters hold a record of its own epoch, announces itself with
-BeginQuorumEpoch until each voter fetches, and resigns when a majority stops fetching
-(check-quorum).
+"""The leader: it appends proposals in batches (``pack_batches``: within ``max_batch_bytes``,
+except that a proposal the log can store in one batch is never split across two, so it
+commits whole or not at all), answers Fetch
+and FetchSnapshot requests (long polls park until data arrives, the HW moves or the wait
+runs out; a fetcher not yet told the current HW is answered at once, else a commit that
+happened between two of its fetches would reach it only when its next long poll runs out),
+advances the high watermark once a majority of voters hold a record of its own epoch,
+announces itself with BeginQuorumEpoch until each voter fetches, and resigns when a majority
+stops fetching (check-quorum).
 """
 
 from __future__ import annotations
 
-from raft._base import _CoreBase, encode_records
+from collections.abc import Sequence
+
+from raft._base import _CoreBase, encode_records, record_bytes
 from raft._roles import _NEVER, LEADER, RESIGNED, _Leader, _Parked, _Replica, _Role
 from raft.messages import (
     NO_EPOCH,
@@ -71,11 +75,20 @@ class _LeaderMixin(_CoreBase):
             self._answer_fetch(role, parked.source, parked.request)
         self._maybe_advance_hw(role)
 
+    def _preferred_successors(self, role: _Leader) -> tuple[int, ...]:
+        """The other voters, most caught-up first: by the offset each last fetched from
+        (what it holds durably, as far as we know), then by id. KRaft's order for
+        EndQuorumEpoch, so the voter likeliest to win campaigns first."""
+        others = self.voters - {self.node_id}
+        return tuple(sorted(others, key=lambda v: (-role.replicas[v].fetch_offset, v)))
+
     def _flush_pending(self, role: _Leader) -> None:
-        records, role.pending, role.pending_bytes = role.pending, [], 0
+        proposals, role.pending = role.pending, []
+        role.pending_records = role.pending_bytes = 0
         role.linger_deadline_ms = _NEVER
-        base = self._end
-        self._append(Batch(base, base + len(records) - 1, self.epoch, encode_records(records)))
+        for records in pack_batches(proposals, self._batch_limit, self._log_batch_limit):
+            base = self._end
+            self._append(Batch(base, base + len(records) - 1, self.epoch, encode_records(records)))
         self._complete_parked(role)
 
     def _complete_parked(self, role: _Leader) -> None:
@@ -222,3 +235,36 @@ class _LeaderMixin(_CoreBase):
                 read_max_bytes=min(request.max_bytes, self.config.snapshot_chunk_bytes),
             ),
         )
+
+
+def pack_batches(
+    proposals: Sequence[Sequence[bytes]], max_bytes: int, log_max_bytes: int
+) -> list[list[bytes]]:
+    """The records of ``proposals``, in order, cut into batches (sizes as ``record_bytes``
+    counts). A batch is appended, fetched and committed whole, so a proposal the log can
+    store in one batch (``log_max_bytes``) is never split: it joins the open batch if that
+    stays within ``max_bytes``, else it starts one of its own, beyond ``max_bytes`` if it
+    must (a controller decision is one proposal, and it must commit whole or not at all).
+    Only a proposal larger than any batch the log stores fills batches of at most
+    ``max_bytes`` record by record (it may then commit in part if the leader fails midway;
+    before, such a proposal stopped every node); a record larger than ``max_bytes`` is alone
+    in its batch."""
+    batches: list[list[bytes]] = []
+    size = max_bytes  # no batch open: the next record opens one
+    for records in proposals:
+        total = sum(record_bytes(r) for r in records)
+        if total <= log_max_bytes:
+            if size + total > max_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].extend(records)
+            size += total
+            continue
+        for record in records:
+            cost = record_bytes(record)
+            if size + cost > max_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].append(record)
+            size += cost
+    return batches

@@ -7,6 +7,7 @@ table. Plain data: the logic that reads and writes these lives in the per-role m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from raft.messages import NO_LEADER, FetchRequest, SnapshotId
@@ -84,8 +85,9 @@ class _Leader(_Role):
     epoch_start_offset: int = 0
     replicas: dict[int, _Replica] = field(default_factory=dict)  # voters and observers
     begin_quorum_due: dict[int, int] = field(default_factory=dict)  # voter -> next send
-    pending: list[bytes] = field(default_factory=list)
-    pending_bytes: int = 0
+    pending: list[Sequence[bytes]] = field(default_factory=list)  # proposals, not yet written
+    pending_records: int = 0
+    pending_bytes: int = 0  # as ``_base.record_bytes`` counts them
     linger_deadline_ms: int = _NEVER
     parked: list[_Parked] = field(default_factory=list)
 

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from raft._base import _RECORD_LENGTH as _RECORD_LENGTH
+from raft._base import RECORD_OVERHEAD_BYTES as RECORD_OVERHEAD_BYTES
 from raft._base import _Out, decode_records, encode_records
+from raft._base import record_bytes as record_bytes
 from raft._election import _ElectionMixin
 from raft._follower import _FollowerMixin
 from raft._leader import _LeaderMixin
@@ -85,13 +87,16 @@ from raft.messages import (
 )
 
 __all__ = [
+    "RECORD_OVERHEAD_BYTES",
     "IllegalTransition",
     "LogMeta",
     "NotLeader",
     "RaftConfig",
     "RaftCore",
+    "RecordTooLarge",
     "decode_records",
     "encode_records",
+    "record_bytes",
 ]
 
 
@@ -104,6 +109,21 @@ class NotLeader(Exception):
         self.epoch = epoch
 
 
+class RecordTooLarge(ValueError):
+    """A proposal holds a record the log cannot store even alone in a batch (the metadata
+    log's ``max_message_bytes``). Nothing of the proposal was queued; a retry cannot help."""
+
+    retriable = False
+
+    def __init__(self, size_bytes: int, max_record_bytes: int) -> None:
+        super().__init__(
+            f"a record of {size_bytes} bytes is larger than the {max_record_bytes} bytes "
+            "the metadata log can store"
+        )
+        self.size_bytes = size_bytes
+        self.max_record_bytes = max_record_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
     """Timeouts and limits (KRaft's defaults); units in the names."""
@@ -113,6 +133,8 @@ class RaftConfig:
     fetch_timeout_ms: int = 2000
     fetch_max_wait_ms: int = 500
     append_linger_ms: int = 25
+    # A batch of several records stays within this (records counted with their framing,
+    # RECORD_OVERHEAD_BYTES each); a larger record is written alone in its batch.
     max_batch_bytes: int = 8 * 1024 * 1024
     fetch_max_bytes: int = 8 * 1024 * 1024
     snapshot_chunk_bytes: int = 1024 * 1024
@@ -128,12 +150,16 @@ class RaftConfig:
 
 @dataclass(frozen=True, slots=True)
 class LogMeta:
-    """What the durable log holds when the core starts."""
+    """What the durable log holds when the core starts, and the largest batch it can store
+    (counted as ``max_batch_bytes`` counts: a record's bytes plus RECORD_OVERHEAD_BYTES). Batches
+    stay within it whatever ``max_batch_bytes`` says, and a proposal holding a record that
+    would not fit alone is refused (``RecordTooLarge``)."""
 
     start_offset: int = 0
     end_offset: int = 0
     epochs: tuple[tuple[int, int], ...] = ()  # (epoch, start offset), ascending
     snapshot: SnapshotId | None = None
+    max_batch_bytes: int = 2**62  # the default: no limit
 
 
 class RaftCore(_ElectionMixin, _LeaderMixin, _FollowerMixin):
@@ -163,6 +189,13 @@ class RaftCore(_ElectionMixin, _LeaderMixin, _FollowerMixin):
         self._end = log.end_offset
         self._epochs = list(log.epochs)
         self._snapshot = log.snapshot
+        self._batch_limit = min(config.max_batch_bytes, log.max_batch_bytes)
+        self._log_batch_limit = log.max_batch_bytes
+        self._record_limit = log.max_batch_bytes - RECORD_OVERHEAD_BYTES
+        if self._record_limit < 1:
+            raise ValueError(
+                f"a log storing batches of {log.max_batch_bytes} bytes holds no record"
+            )
         self._hw = log.snapshot.end_offset if log.snapshot is not None else log.start_offset
         self._election_failures = 0
         self._out = _Out()
@@ -195,6 +228,11 @@ class RaftCore(_ElectionMixin, _LeaderMixin, _FollowerMixin):
     @property
     def log_start_offset(self) -> int:
         return self._start
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record a proposal may hold: it fits the log alone in a batch."""
+        return self._record_limit
 
     @property
     def leader_epoch_start_offset(self) -> int | None:
@@ -246,23 +284,49 @@ class RaftCore(_ElectionMixin, _LeaderMixin, _FollowerMixin):
         return self._ready()
 
     def propose(self, records: Sequence[bytes], now_ms: int) -> tuple[int, Ready]:
-        """Queue records on the leader; returns the offset the last one will have."""
+        """Queue one proposal on the leader; returns the offset its last record will have."""
+        lasts, ready = self.propose_all([records], now_ms)
+        return lasts[0], ready
+
+    def propose_all(
+        self, proposals: Sequence[Sequence[bytes]], now_ms: int
+    ) -> tuple[list[int], Ready]:
+        """Queue proposals on the leader in order; returns the offset each one's last record
+        will have. They are written in batches within ``max_batch_bytes`` (``pack_batches``):
+        a proposal the log can store in one batch goes in one (so it commits whole or not at
+        all), beyond ``max_batch_bytes`` if it must; a larger one spans several. Raises NotLeader,
+        ValueError for an empty proposal or RecordTooLarge (``check_proposal``), and then
+        queues none of them."""
+        for records in proposals:
+            self.check_proposal(records)  # first: a refusal changes nothing, not even time
         self._enter(now_ms)
         role = self._role
         if not isinstance(role, _Leader):
             raise NotLeader(self._known_leader(), self._quorum.epoch)
-        if not records:
-            raise ValueError("a proposal needs at least one record")
-        role.pending.extend(records)
-        role.pending_bytes += sum(len(r) + 4 for r in records)
-        last = self._end + len(role.pending) - 1
+        lasts = []
+        for records in proposals:
+            role.pending.append(tuple(records))
+            role.pending_records += len(records)
+            role.pending_bytes += sum(record_bytes(r) for r in records)
+            lasts.append(self._end + role.pending_records - 1)
         if role.linger_deadline_ms == _NEVER:
             role.linger_deadline_ms = now_ms + self.config.append_linger_ms
         # Nagle's rule: with nothing uncommitted in flight, write at once (low latency);
-        # otherwise gather records until the HW catches up or the linger runs out.
-        if role.pending_bytes >= self.config.max_batch_bytes or self._hw >= self._end:
+        # otherwise gather records until the HW catches up, the linger runs out or a batch
+        # is full.
+        if role.pending_bytes >= self._batch_limit or self._hw >= self._end:
             self._flush_pending(role)
-        return last, self._ready()
+        return lasts, self._ready()
+
+    def check_proposal(self, records: Sequence[bytes]) -> None:
+        """Raise what ``propose`` would refuse these records with: ValueError if there are
+        none, RecordTooLarge if one exceeds ``max_record_bytes``. A driver that hands the
+        core many proposals at once checks each first, so one bad proposal fails alone."""
+        if not records:
+            raise ValueError("a proposal needs at least one record")
+        largest = max(len(r) for r in records)
+        if largest > self._record_limit:
+            raise RecordTooLarge(largest, self._record_limit)
 
     def peer_unreachable(self, node_id: int, now_ms: int) -> Ready:
         """The transport has evidence that ``node_id`` is down: its connection was reset or
@@ -299,12 +363,17 @@ class RaftCore(_ElectionMixin, _LeaderMixin, _FollowerMixin):
         return self._ready()
 
     def resign(self, now_ms: int) -> Ready:
-        """Graceful shutdown of a leader: tell the voters so they elect at once."""
+        """Graceful shutdown of a leader: tell the voters so they elect at once, naming the
+        most caught-up of them first (it campaigns first, as in KRaft)."""
         self._enter(now_ms)
-        if isinstance(self._role, _Leader):
+        role = self._role
+        if isinstance(role, _Leader):
+            request = EndQuorumEpochRequest(
+                self.epoch, self.node_id, self._preferred_successors(role)
+            )
             self._transition(RESIGNED, _Role(RESIGNED, now_ms + self._election_timeout()))
             for voter in self.voters - {self.node_id}:
-                self._send(voter, EndQuorumEpochRequest(self.epoch, self.node_id))
+                self._send(voter, request)
         return self._ready()
 
     # -- set-up ----------------------------------------------------------------------------

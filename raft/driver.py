@@ -7,9 +7,10 @@ the Ready. Committed records go to the state machine a chunk at a time
 (``APPLY_CHUNK_RECORDS``): the first chunk within the Ready, the rest from a second task that
 takes the lock chunk by chunk, so the loop keeps answering while a huge commit is applied.
 Proposals wait in a queue that the loop hands to the core in one call (everything proposed
-while the previous Ready was being carried out becomes one batch, as KRaft's accumulator
-does). The loop and snapshots call the core under one lock, so the core sees
-one caller at a time and every Ready is complete before the next call, as the core assumes.
+while the previous Ready was being carried out is written together, in batches within
+``max_batch_bytes``, as KRaft's accumulator does; see ``RaftCore.propose_all``). The loop
+and snapshots call the core under one lock, so the core sees one caller at a time and every
+Ready is complete before the next call, as the core assumes.
 Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
 """
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from raft.core import NotLeader, RaftConfig, RaftCore, decode_records
+from raft.core import NotLeader, RaftConfig, RaftCore, RecordTooLarge, decode_records
 from raft.log_store import RaftLogStore
 from raft.messages import (
     Envelope,
@@ -38,7 +39,14 @@ from raft.messages import (
 from raft.quorum_state import QuorumStateStore
 from raft.snapshots import SnapshotStore
 
-__all__ = ["NotLeader", "RaftNode", "RaftNodeConfig", "StateMachine", "Transport"]
+__all__ = [
+    "NotLeader",
+    "RaftNode",
+    "RaftNodeConfig",
+    "RecordTooLarge",
+    "StateMachine",
+    "Transport",
+]
 
 _log = logging.getLogger(__name__)
 APPLY_CHUNK_RECORDS = 2_000  # committed records applied before the Raft loop may run again
@@ -213,7 +221,8 @@ class RaftNode:
 
     async def propose(self, records: Sequence[bytes]) -> int:
         """Append records through the leader; returns the last record's offset once it is
-        committed. Raises NotLeader (with the leader's id and epoch) elsewhere. Waits while
+        committed. Raises NotLeader (with the leader's id and epoch) elsewhere, and
+        RecordTooLarge for a record the metadata log cannot store. Waits while
         ``max_pending_proposals`` proposals are outstanding."""
         async with self._slots:
             return await self.submit(records)
@@ -221,9 +230,10 @@ class RaftNode:
     def submit(self, records: Sequence[bytes]) -> asyncio.Future[int]:
         """Queue records at once, in call order, without waiting for a slot: the caller
         bounds what it has outstanding. The future gives the last record's offset once it is
-        committed, or NotLeader. Raises NotLeader at once on a node that does not lead."""
-        if not records:
-            raise ValueError("a proposal needs at least one record")
+        committed, or NotLeader. Raises NotLeader at once on a node that does not lead, and
+        ValueError or RecordTooLarge for records the core would refuse (checked here, so one
+        bad proposal fails alone rather than every proposal queued with it)."""
+        self._core.check_proposal(records)
         if self._core.role != "leader":
             raise NotLeader(self._core.leader_id, self._core.epoch)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -289,18 +299,15 @@ class RaftNode:
         """Hand every queued proposal to the core at once; each future learns its last
         record's offset once that is committed."""
         proposals, self._proposals = self._proposals, []
-        records = [record for batch, _ in proposals for record in batch]
         try:
-            last, ready = self._core.propose(records, _now_ms())
+            lasts, ready = self._core.propose_all([records for records, _ in proposals], _now_ms())
         except NotLeader as e:
             for _, future in proposals:
                 if not future.done():
                     future.set_exception(NotLeader(e.leader_id, e.epoch))
             return Ready()
-        offset = last - len(records)
-        for batch, future in proposals:
-            offset += len(batch)
-            self._pending.append((offset, future))
+        for last, (_, future) in zip(lasts, proposals, strict=True):
+            self._pending.append((last, future))
         return ready
 
     async def _apply(self, ready: Ready) -> None:

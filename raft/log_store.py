@@ -7,6 +7,12 @@ core, not the log, assigns Raft offsets), so the metadata log is an ordinary seg
 ``runnel log dump`` can read. Timestamps are 0 so every replica writes identical bytes, which
 is also why time-based retention and rolling are off for this log (snapshots bound it).
 
+The log refuses a batch over its ``max_message_bytes``, so ``meta`` tells the core the
+largest batch it stores (the core keeps its batches within it and refuses a record that would
+not fit alone), and one LogWrite's batches are appended in groups within that size (a burst
+of proposals is many batches in one Ready, and one append may not exceed a segment). A read
+returns whole batches within ``max_bytes`` past the first, so a large batch travels alone.
+
 Recent batches are also kept in memory as the core wrote them (``tail_cache_bytes`` of
 them, ending at the log end): the leader's fetch replies and every node's state machine read
 the tail, and decoding it back from Kafka batches would cost more than the rest of a commit.
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from raft.core import LogMeta, decode_records, encode_records
 from raft.messages import Batch, LogWrite, SnapshotId
-from storage.batch import validate_batch
+from storage.batch import HEADER_SIZE, validate_batch
 from storage.config import LogConfig
 from storage.errors import CorruptRecordError
 from storage.loader import load_log
@@ -57,7 +63,16 @@ class RaftLogStore:
     def meta(self, snapshot: SnapshotId | None) -> LogMeta:
         log = self.log
         epochs = tuple((e.epoch, e.start_offset) for e in log.epoch_cache.entries())
-        return LogMeta(log.log_start_offset, log.log_end_offset, epochs, snapshot)
+        return LogMeta(
+            log.log_start_offset, log.log_end_offset, epochs, snapshot, self.max_batch_bytes
+        )
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """The largest batch the log stores, as the core counts a batch's bytes: with each
+        record counted as its bytes plus RECORD_OVERHEAD_BYTES (which bounds a Kafka v2
+        record's framing), a batch's Kafka form adds only its header."""
+        return self.log.config.max_message_bytes - HEADER_SIZE
 
     def apply(self, write: LogWrite) -> None:
         """Carry out a core LogWrite and fsync it (Raft acknowledges only durable data)."""
@@ -66,8 +81,8 @@ class RaftLogStore:
             log.truncate_fully_and_start_at(write.restart_at)
         if write.truncate_to is not None:
             log.truncate_to(write.truncate_to)
-        if write.batches:
-            log.append_as_follower(b"".join(to_kafka_batch(b) for b in write.batches))
+        for group in _appends(write.batches, log.config.max_message_bytes):
+            log.append_as_follower(b"".join(group))
         log.flush()
         self._tail.update(write, log.log_end_offset)
 
@@ -79,7 +94,11 @@ class RaftLogStore:
         log, size = self.log, 0
         out: list[Batch] = []
         while offset < log.log_end_offset and (size < max_bytes or not out):
-            fetched = log.read(offset, max_bytes - size, isolation=Isolation.LOG_END)
+            # Past the first batch, only whole batches within max_bytes: a large batch next
+            # would take the reply beyond what the transport carries.
+            fetched = log.read(
+                offset, max_bytes - size, isolation=Isolation.LOG_END, min_one_batch=not out
+            )
             if fetched.slice is None:
                 break
             data = fetched.slice.read()
@@ -141,7 +160,7 @@ class _TailCache:
         out: list[Batch] = []
         size = 0
         for index in range(first, len(batches)):
-            if out and size >= max_bytes:
+            if out and size + len(batches[index].data) > max_bytes:
                 break
             out.append(batches[index])
             size += len(batches[index].data)
@@ -166,6 +185,21 @@ class _TailCache:
     def _clear(self) -> None:
         self._batches.clear()
         self._bytes = 0
+
+
+def _appends(batches: tuple[Batch, ...], max_bytes: int) -> list[list[bytes]]:
+    """The batches as Kafka batches, in groups of at most ``max_bytes`` (one append each;
+    the log refuses an append larger than a segment)."""
+    groups: list[list[bytes]] = []
+    size = max_bytes
+    for batch in batches:
+        data = to_kafka_batch(batch)
+        if size + len(data) > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(data)
+        size += len(data)
+    return groups
 
 
 def to_kafka_batch(batch: Batch) -> bytes:

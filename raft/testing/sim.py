@@ -44,7 +44,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raft.core import NotLeader
+from raft.core import RECORD_OVERHEAD_BYTES, NotLeader, RecordTooLarge
 from raft.messages import NO_LEADER, QuorumState
 from raft.testing.sim_network import (
     Deliver,
@@ -148,9 +148,27 @@ class Simulation(ReadySteps):
         del event
         if not self.healed:
             self._push(self._exp(self.config.proposal_interval_ms), Propose())
+        if self.rng.random() < self.config.burst_probability:
+            self._propose(self._burst())
+            return
         count = self.rng.randint(1, self.config.records_per_proposal_max)
         records = [self._record_data() for _ in range(count)]
         self._propose(records)
+
+    def _burst(self) -> list[bytes]:
+        """Records spanning several batches; perhaps one larger than a batch (alone in its
+        own) or than the log stores (the proposal is refused)."""
+        rng, config = self.rng, self.config
+        count = rng.randint(config.records_per_proposal_max + 1, config.burst_records_max)
+        records = [self._record_data() for _ in range(count)]
+        largest = config.log_max_batch_bytes - RECORD_OVERHEAD_BYTES  # what the log stores
+        kind = rng.choice(["plain", "large", "too large"])
+        if kind != "plain":
+            low = config.raft.max_batch_bytes - RECORD_OVERHEAD_BYTES + 1
+            size = rng.randint(low, largest) if kind == "large" else largest + rng.randint(1, 99)
+            index = rng.randrange(count)
+            records[index] = records[index].ljust(size, b".")
+        return records
 
     def _record_data(self) -> bytes:
         self.proposal_count += 1
@@ -171,6 +189,13 @@ class Simulation(ReadySteps):
         except NotLeader as e:
             # A resigned leader still names itself: ask someone else next time.
             self.client_leader = NO_LEADER if e.leader_id == node.node_id else e.leader_id
+            return None
+        except RecordTooLarge as e:
+            if max(len(r) for r in records) <= core.max_record_bytes:
+                self._fail(f"node {node.node_id} refuses records that fit its log: {e}")
+            self.refused.update(records)
+            self.result.proposals_refused += 1
+            self._note(f"refused@{node.node_id}", e)
             return None
         self.client_leader = node.node_id
         self.result.proposals_acked += 1

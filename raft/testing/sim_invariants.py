@@ -65,6 +65,8 @@ class Invariants(SimState):
     def _commit(self, offset: int, entry: Entry, node: SimNode) -> None:
         known = self.committed.get(offset)
         if known is None:
+            if entry[2] in self.refused:
+                self._fail(f"offset {offset} commits a record of a refused proposal: {entry}")
             self.committed[offset] = entry
             if not entry[1]:
                 self.committed_data[entry[2]] = offset

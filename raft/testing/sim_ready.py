@@ -5,9 +5,11 @@ quorum state, write snapshot chunks and log operations, check the node, send (af
 apply committed records, delete the log prefix a snapshot covers. A node marked to crash inside
 a Ready stops at a random step, after a random prefix of its storage operations (the unflushed
 rest is lost). Each storage step checks what it is asked to do (no append past the log end, no
-truncation inside a batch, no log restart without a snapshot). The state machine applies
-committed records, snapshots every ``snapshot_every_records`` and is rebuilt from the latest
-snapshot on restart; ``_restart`` rebuilds ``LogMeta`` from the durable log.
+batch larger than the log stores, no truncation inside a batch, no log restart without a
+snapshot; how proposals are packed within ``max_batch_bytes`` is tested in
+tests/raft/test_core.py). The state machine applies committed records, snapshots every
+``snapshot_every_records`` and is rebuilt from the latest snapshot on restart; ``_restart``
+rebuilds ``LogMeta`` from the durable log.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
-from raft.core import LogMeta, RaftCore, decode_records
+from raft.core import LogMeta, RaftCore, decode_records, record_bytes
 from raft.messages import (
     NO_LEADER,
     Batch,
@@ -33,6 +35,7 @@ from raft.messages import (
 )
 from raft.testing.sim_invariants import Invariants
 from raft.testing.sim_network import Deliver, Restart, Tick, Unreachable
+from raft.testing.sim_state import brief
 from raft.testing.sim_storage import SimNode, StateMachine, decode_snapshot, encode_snapshot
 
 __all__ = ["ReadySteps"]
@@ -178,11 +181,19 @@ class ReadySteps(Invariants):
             )
         if batch.last_offset < batch.base_offset:
             self._fail(f"node {node.node_id} appends an empty batch {batch}")
-        if not batch.is_control and len(decode_records(batch.data)) != (
-            batch.last_offset - batch.base_offset + 1
-        ):
+        records = decode_records(batch.data)
+        if not batch.is_control and len(records) != batch.last_offset - batch.base_offset + 1:
             self._fail(f"node {node.node_id} appends a batch whose record count is wrong: {batch}")
+        self._check_batch_size(node, batch, sum(record_bytes(r) for r in records))
         log.append(batch)
+
+    def _check_batch_size(self, node: SimNode, batch: Batch, size: int) -> None:
+        """The real log refuses a batch beyond its max_message_bytes, and that ends the node."""
+        if size > self.config.log_max_batch_bytes:
+            self._fail(
+                f"node {node.node_id} appends {brief(batch)} of {size} bytes, more than its "
+                f"log stores ({self.config.log_max_batch_bytes})"
+            )
 
     def _delete_before(self, node: SimNode, offset: int) -> None:
         log = node.log
@@ -328,7 +339,13 @@ class ReadySteps(Invariants):
         log = node.log
         if snapshot is not None and snapshot.end_offset > log.end_offset:
             log.restart(snapshot.end_offset)  # as Kafka's log does at start-up
-        meta = LogMeta(log.start_offset, log.end_offset, log.epochs(), snapshot)
+        meta = LogMeta(
+            log.start_offset,
+            log.end_offset,
+            log.epochs(),
+            snapshot,
+            max_batch_bytes=self.config.log_max_batch_bytes,
+        )
         self._note(f"start@{node.node_id}", f"{node.quorum} {meta}")
         node.core = core = RaftCore(
             self.config.raft,

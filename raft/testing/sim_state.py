@@ -24,7 +24,9 @@ from raft.testing.sim_storage import Entry, SimNode
 __all__ = ["SimConfig", "SimResult", "SimState", "SimulationFailure", "brief"]
 
 _SIM_RAFT = RaftConfig(
-    max_batch_bytes=512,  # small limits so batches split, fetches page and snapshots chunk
+    # Small limits so batches split (bursts of proposals span several), fetches page and
+    # snapshots chunk.
+    max_batch_bytes=512,
     fetch_max_bytes=1024,
     snapshot_chunk_bytes=256,
 )
@@ -55,9 +57,17 @@ class SimConfig:
     # "peer unreachable" reports from the transport: after a crash, and wrong ones at random
     crash_report_probability: float = 0.8
     wrong_report_interval_ms: int = 2_000
+    # storage: the largest batch a log stores (the real log's max_message_bytes); a larger
+    # one fails the run, as the real log's refusal would stop the node
+    log_max_batch_bytes: int = 1_024
     # clients and the state machine
     proposal_interval_ms: int = 120
     records_per_proposal_max: int = 4
+    # Now and then a proposal is a burst of up to this many records, spanning several
+    # batches, sometimes with a record larger than max_batch_bytes (alone in its batch) or
+    # one larger than the log stores (refused; the node must go on).
+    burst_probability: float = 0.05
+    burst_records_max: int = 60
     snapshot_every_records: int = 25
     snapshot_request_interval_ms: int = 3_000
     snapshots_kept: int = 2
@@ -81,6 +91,7 @@ class SimResult:
     crashes: int = 0
     partitions: int = 0
     proposals_acked: int = 0
+    proposals_refused: int = 0  # holding a record too large for the log: RecordTooLarge
     records_committed: int = 0
     snapshots_taken: int = 0
     snapshots_loaded: int = 0
@@ -122,6 +133,7 @@ class SimState:
         self.trace: deque[tuple[int, str, object]] = deque(maxlen=config.trace_len)
         self.committed: dict[int, Entry] = {}
         self.committed_data: dict[bytes, int] = {}  # record -> its committed offset
+        self.refused: set[bytes] = set()  # records of proposals refused as too large
         self.commit_end = 0
         self.leaders: dict[int, int] = {}  # epoch -> the node that was leader in it
         self.believed: dict[int, int] = {}  # epoch -> the leader some node followed in it

@@ -79,6 +79,7 @@ def _summary(
         f"{virtual_s:.0f} s virtual, {sum(r.events for r in results)} events, "
         f"{sum(r.messages for r in results)} messages, "
         f"{sum(r.proposals_acked for r in results)} proposals acked, "
+        f"{sum(r.proposals_refused for r in results)} refused as too large, "
         f"{sum(r.records_committed for r in results)} records committed, "
         f"{sum(r.crashes for r in results)} crashes, {sum(r.partitions for r in results)} "
         f"partitions, {sum(r.snapshots_loaded for r in results)} snapshots fetched, "

@@ -178,3 +178,24 @@ def test_a_new_active_controller_takes_over_with_the_committed_image(tmp_path: P
         assert len(digests) == 1 and not cs.controllers[first.node_id].active
 
     run(main, tmp_path)
+
+
+def test_a_record_too_large_for_the_metadata_log_refuses_the_request_not_the_node(
+    tmp_path: Path,
+) -> None:
+    def huge(image: MetadataImage) -> Outcome[str]:
+        config = mpb.ConfigRecord(
+            resource_type="TOPIC", resource_name="orders", name="x", value="v" * (17 << 20)
+        )
+        return Outcome((mpb.MetadataRecord(config=config),), "huge")
+
+    async def main(cs: Controllers) -> None:
+        active = await cs.active()
+        with pytest.raises(DecisionError) as e:
+            await active.write(huge)
+        assert e.value.code == cpb.INVALID_REQUEST and "too large" in e.value.message
+        answer, _ = await active.write(create_topic("orders"))  # the controller goes on
+        assert answer == "orders"
+        await cs.converged()
+
+    run(main, tmp_path)

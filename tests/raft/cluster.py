@@ -29,16 +29,24 @@ class Node:
 
 
 class Cluster:
-    """Voters 1..n (+ observers); ``run`` delivers messages and fires deadlines in order."""
+    """Voters 1..n (+ observers); ``run`` delivers messages and fires deadlines in order.
+    ``sent`` keeps every message sent (filled), for tests that look at what travelled;
+    ``log_max_batch_bytes`` is the largest batch each node's log stores (LogMeta)."""
 
     def __init__(
-        self, voters: int = 3, observers: int = 0, config: RaftConfig | None = None, seed: int = 1
+        self,
+        voters: int = 3,
+        observers: int = 0,
+        config: RaftConfig | None = None,
+        seed: int = 1,
+        log_max_batch_bytes: int = LogMeta().max_batch_bytes,
     ) -> None:
         self.config = config or RaftConfig()
         self.now = 0
         self.voter_ids = frozenset(range(1, voters + 1))
         self.nodes: dict[int, Node] = {}
         self.queue: list[Envelope] = []
+        self.sent: list[Envelope] = []
         self.cut: set[tuple[int, int]] = set()  # (source, destination) links that drop
         for node_id in range(1, voters + observers + 1):
             core = RaftCore(
@@ -46,7 +54,7 @@ class Cluster:
                 node_id,
                 self.voter_ids,
                 state=QuorumState(),
-                log=LogMeta(),
+                log=LogMeta(max_batch_bytes=log_max_batch_bytes),
                 seed=seed,
                 now_ms=0,
             )
@@ -62,7 +70,9 @@ class Cluster:
                 node.log = [b for b in node.log if b.next_offset <= write.truncate_to]
             node.log.extend(write.batches)
         for envelope in ready.messages:
-            self.queue.append(self._fill(node, envelope))
+            filled = self._fill(node, envelope)
+            self.queue.append(filled)
+            self.sent.append(filled)
         if ready.commit_offset is not None:
             for batch in node.log:
                 if node.commit <= batch.base_offset < ready.commit_offset and not batch.is_control:

@@ -7,11 +7,24 @@ import pytest
 from cluster import Cluster
 from support import assert_imports_none_of
 
-from raft.core import IllegalTransition, LogMeta, NotLeader, RaftConfig, RaftCore
+from raft.core import (
+    IllegalTransition,
+    LogMeta,
+    NotLeader,
+    RaftConfig,
+    RaftCore,
+    RecordTooLarge,
+    decode_records,
+    record_bytes,
+)
 from raft.messages import (
+    Batch,
+    EndQuorumEpochRequest,
     Envelope,
     FetchRequest,
+    FetchResponse,
     QuorumState,
+    Ready,
     VoteRequest,
     VoteResponse,
 )
@@ -255,3 +268,141 @@ def test_an_unreachable_report_about_a_non_leader_changes_nothing() -> None:
     assert ready.messages == () and core.next_deadline_ms == deadline
     ready = cluster.nodes[leader].core.peer_unreachable(follower, cluster.now)
     assert ready.messages == () and cluster.nodes[leader].core.role == "leader"
+
+
+# -- batches within max_batch_bytes ------------------------------------------------------------
+
+
+def _counted_bytes(batch: Batch) -> int:
+    return sum(record_bytes(r) for r in decode_records(batch.data))
+
+
+def test_a_burst_beyond_max_batch_bytes_is_written_in_batches_within_it_and_all_commit() -> None:
+    # Once every pending record went into one batch, however large: a burst over the log's
+    # max_message_bytes (16 MiB) was refused by every node's log, which stopped the node.
+    cluster = Cluster(voters=3, config=RaftConfig(max_batch_bytes=300))
+    leader = elect(cluster)
+    records = [b"r%02d" % i + b"." * 27 for i in range(40)]  # 30 bytes, counted 50: 6 a batch
+    lasts, ready = cluster.nodes[leader].core.propose_all([[r] for r in records], cluster.now)
+    cluster.apply(leader, ready)
+    last = lasts[-1]
+    cluster.run(cluster.now + 1_000)
+    batches = [b for b in cluster.nodes[leader].log if not b.is_control]
+    assert [len(decode_records(b.data)) for b in batches] == [6] * 6 + [4]
+    assert all(_counted_bytes(b) <= 300 for b in batches)
+    answers = [e.payload for e in cluster.sent if isinstance(e.payload, FetchResponse)]
+    assert any(len(a.batches) > 1 for a in answers)  # followers append several per answer
+    for node in cluster.nodes.values():
+        assert node.log == cluster.nodes[leader].log
+        assert node.core.high_watermark == last + 1
+        assert node.applied == records
+
+
+def test_a_proposal_that_fits_a_batch_is_never_split_and_a_larger_record_is_alone() -> None:
+    cluster = Cluster(voters=1, config=RaftConfig(max_batch_bytes=300))
+    elect(cluster)
+    core = cluster.nodes[1].core
+    small = [[b"a%d" % i + b"." * 78, b"b%d" % i + b"." * 78] for i in range(3)]  # 200 each
+    large = [b"L" * 400]  # counted 420: over max_batch_bytes, so alone
+    lasts, ready = core.propose_all([small[0], small[1], large, small[2]], cluster.now)
+    cluster.apply(1, ready)
+    assert ready.log_write is not None
+    written = [decode_records(b.data) for b in ready.log_write.batches]
+    # small[1] would fit beside small[0] only split: it starts the next batch instead.
+    assert written == [small[0], small[1], large, small[2]]
+    assert lasts == [2, 4, 5, 7]  # each proposal's last offset, after the leader-change record
+    cluster.run(cluster.now + 100)
+    assert cluster.nodes[1].applied == [*small[0], *small[1], *large, *small[2]]
+
+
+def test_a_proposal_beyond_max_batch_bytes_that_the_log_stores_stays_whole() -> None:
+    # A controller decision is one proposal: split over batches, a leader failing midway
+    # could commit part of it. Only what no batch of the log could hold is split.
+    cluster = Cluster(voters=1, config=RaftConfig(max_batch_bytes=300), log_max_batch_bytes=1_000)
+    elect(cluster)
+    core = cluster.nodes[1].core
+    decision = [b"d%02d" % i + b"." * 27 for i in range(10)]  # counted 500: over 300, under 1,000
+    beyond = [b"e%02d" % i + b"." * 27 for i in range(30)]  # counted 1,500: no batch holds it
+    _, ready = core.propose_all([decision, beyond], cluster.now)
+    cluster.apply(1, ready)
+    assert ready.log_write is not None
+    written = [decode_records(b.data) for b in ready.log_write.batches]
+    assert written[0] == decision
+    assert [len(b) for b in written[1:]] == [6] * 5  # split within max_batch_bytes
+    assert [r for b in written[1:] for r in b] == beyond
+
+
+def test_a_record_the_log_cannot_store_is_refused_and_nothing_of_its_proposal_queued() -> None:
+    cluster = Cluster(voters=1, log_max_batch_bytes=1_000)
+    elect(cluster)
+    core = cluster.nodes[1].core
+    assert core.max_record_bytes == 980  # alone in a batch, counted 1,000
+    fits = b"f" * 980
+    with pytest.raises(RecordTooLarge) as err:
+        core.propose([b"small", fits + b"!"], cluster.now)
+    assert err.value.size_bytes == 981 and "981 bytes" in str(err.value)
+    with pytest.raises(ValueError, match="at least one record"):
+        core.propose([], cluster.now)
+    last = cluster.propose(1, [b"small", fits])
+    cluster.run(cluster.now + 100)
+    assert last == 2  # the refused proposal took no offsets
+    assert cluster.nodes[1].applied == [b"small", fits]
+    assert core.role == "leader"
+
+
+def test_batches_stay_within_what_the_log_stores_whatever_max_batch_bytes_says() -> None:
+    cluster = Cluster(voters=1, config=RaftConfig(max_batch_bytes=10_000), log_max_batch_bytes=500)
+    elect(cluster)
+    cluster.propose(1, [b"r%02d" % i + b"." * 77 for i in range(20)])  # counted 100 each
+    batches = [b for b in cluster.nodes[1].log if not b.is_control]
+    assert [len(decode_records(b.data)) for b in batches] == [5] * 4
+
+
+# -- resignation: EndQuorumEpoch names the successors -------------------------------------------
+
+
+def _resign_with_one_voter_behind(voters: int) -> tuple[Cluster, int, int, Ready]:
+    """Elect, let one follower miss a record, then resign: (cluster, leader, behind, Ready)."""
+    cluster = Cluster(voters=voters)
+    leader = elect(cluster)
+    behind = min(n for n in cluster.nodes if n != leader)
+    cluster.cut |= {(leader, behind), (behind, leader)}
+    cluster.propose(leader, [b"m"])
+    cluster.run(cluster.now + 100)
+    cluster.cut.clear()
+    return cluster, leader, behind, cluster.nodes[leader].core.resign(cluster.now)
+
+
+def test_a_resigning_leader_names_the_other_voters_most_caught_up_first() -> None:
+    cluster, leader, behind, ready = _resign_with_one_voter_behind(voters=5)
+    (request,) = {envelope.payload for envelope in ready.messages}  # one, sent to each voter
+    assert isinstance(request, EndQuorumEpochRequest) and len(ready.messages) == 4
+    caught_up = sorted(n for n in cluster.nodes if n not in (leader, behind))  # ties by id
+    assert request.preferred_successors == (*caught_up, behind)
+
+
+def test_the_most_caught_up_voter_campaigns_at_once_and_the_next_50_ms_later() -> None:
+    cluster, leader, behind, ready = _resign_with_one_voter_behind(voters=3)
+    ahead = next(n for n in cluster.nodes if n not in (leader, behind))
+    now = cluster.now
+    for envelope in ready.messages:
+        cluster.apply(
+            envelope.destination, cluster.nodes[envelope.destination].core.step(envelope, now)
+        )
+    # Named nobody, each voter waited 3 x 50 ms plus a random backoff.
+    assert cluster.nodes[ahead].core.next_deadline_ms == now
+    assert cluster.nodes[behind].core.next_deadline_ms == now + 50
+    cluster.run(now + 20)
+    assert cluster.leaders() == [ahead]
+
+
+def test_five_voters_elect_the_first_successor_at_once_after_a_resignation() -> None:
+    # The other followers once refused its pre-vote: they had heard from the leader within
+    # the fetch timeout, so the new leader came only once that had run out (about 2 s).
+    cluster, leader, _, ready = _resign_with_one_voter_behind(voters=5)
+    request = ready.messages[0].payload
+    assert isinstance(request, EndQuorumEpochRequest)
+    start = cluster.now
+    cluster.apply(leader, ready)
+    cluster.run(start + 100)
+    assert cluster.leaders() == [request.preferred_successors[0]]

@@ -14,7 +14,7 @@ import pytest
 from support import FAST_RAFT, fill, tmpfs
 
 from raft.core import NotLeader, RaftConfig
-from raft.driver import APPLY_CHUNK_RECORDS, RaftNode, RaftNodeConfig
+from raft.driver import APPLY_CHUNK_RECORDS, RaftNode, RaftNodeConfig, RecordTooLarge
 from raft.messages import Envelope
 from storage.errors import StorageError
 
@@ -302,6 +302,39 @@ def test_a_commit_larger_than_an_apply_chunk_is_applied_in_full_and_in_order(
             await leader.propose([b"after"])
             await cluster.converge([*big, b"after"])
             assert last == leader.applied_end - 2  # the next proposal's record follows it
+        finally:
+            await cluster.close()
+
+    run(main)
+
+
+def test_a_burst_beyond_the_logs_largest_batch_commits_everywhere_and_stops_no_node(
+    tmp_path: Path,
+) -> None:
+    # 18 proposals of 1 MiB taken by one turn of the leader's loop were written as one
+    # 18 MiB batch, which the metadata log (max_message_bytes 16 MiB) refused: the leader's
+    # Raft task ended (on_fatal), and so would every follower's that fetched it.
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        fatal: list[str] = []
+        try:
+            for node_id in (1, 2, 3):
+                (await cluster.start(node_id)).on_fatal = fatal.append
+            leader = await cluster.leader()
+            records = [b"%02d" % i + b"." * (1024 * 1024) for i in range(18)]
+            futures = [leader.submit([record]) for record in records]
+            async with asyncio.timeout(30):
+                while not fatal and not all(f.done() for f in futures):
+                    await asyncio.sleep(0.02)
+            assert not fatal, fatal
+            offsets = [f.result() for f in futures]
+            assert offsets == list(range(offsets[0], offsets[0] + 18))
+            await cluster.converge(records, timeout_s=30)
+            with pytest.raises(RecordTooLarge):  # it cannot be stored even alone
+                leader.submit([b"x" * (16 * 1024 * 1024)])
+            assert await leader.propose([b"after"]) == offsets[-1] + 1
+            await cluster.converge([*records, b"after"])
+            assert not fatal and all(n.failed is None for n in cluster.nodes.values())
         finally:
             await cluster.close()
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from raft.core import encode_records
-from raft.log_store import METADATA_LOG_DIR, RaftLogStore
+from raft.log_store import DEFAULT_LOG_CONFIG, METADATA_LOG_DIR, RaftLogStore
 from raft.messages import Batch, LogWrite, QuorumState, SnapshotId
 from raft.quorum_state import QuorumStateError, QuorumStateStore
 from raft.snapshots import SnapshotError, SnapshotStore, file_name
@@ -172,3 +173,41 @@ def test_reads_from_the_tail_cache_equal_reads_decoded_from_the_log(
 def test_a_negative_tail_cache_budget_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tail_cache_bytes"):
         RaftLogStore(tmp_path, tail_cache_bytes=-1)
+
+
+def test_the_log_store_tells_the_core_the_largest_batch_it_stores(tmp_path: Path) -> None:
+    store = RaftLogStore(tmp_path)
+    # 16 MiB less the Kafka batch header: the core counts each record's framing itself.
+    assert store.meta(None).max_batch_bytes == 16 * 1024 * 1024 - 61
+    store.close()
+
+
+def test_a_write_of_many_batches_beyond_a_segment_is_appended_in_parts(tmp_path: Path) -> None:
+    # A burst of proposals is many batches in one Ready. They went to the log in one append,
+    # which the log refuses beyond segment_bytes (RecordTooLargeError), stopping the node.
+    config = replace(DEFAULT_LOG_CONFIG, segment_bytes=4096, max_message_bytes=1024)
+    store = RaftLogStore(tmp_path, config)
+    written = tuple(batch(base, 10, 1) for base in range(0, 400, 10))  # about 6 KB in all
+    store.apply(LogWrite(batches=written))
+    assert store.read(0, 1 << 20) == written
+    store.close()
+    reopened = RaftLogStore(tmp_path, config)
+    assert reopened.meta(None).end_offset == 400
+    assert reopened.read(0, 1 << 20) == written
+    reopened.close()
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
+def test_a_read_stays_within_max_bytes_past_its_first_batch(
+    tmp_path: Path, cache_bytes: int
+) -> None:
+    # A record larger than max_batch_bytes is alone in a batch; a fetch answer that added it
+    # after others could exceed what the transport carries, and be dropped at every retry.
+    store = RaftLogStore(tmp_path, tail_cache_bytes=cache_bytes)
+    small = Batch(0, 0, 1, encode_records([b"s" * 100]))
+    large = Batch(1, 1, 1, encode_records([b"L" * 5000]))
+    store.apply(LogWrite(batches=(small, large)))
+    assert store.read(0, 1000) == (small,)
+    assert store.read(1, 1000) == (large,)  # one batch always comes, however large
+    assert store.read(0, 1 << 20) == (small, large)
+    store.close()
