@@ -644,5 +644,7 @@ def check_file(path: Path, rewrite: bool | None = None) -> None:
             failures.append(_diff(path, item, actual))
     if rewrite:
         path.write_text("\n".join(out) + "\n")
+        if failures:  # a rewrite is for a person to review, never a pass
+            raise AssertionError(f"rewrote {path}: review its diff\n\n" + "\n\n".join(failures))
     elif failures:
         raise AssertionError("\n\n".join(failures))

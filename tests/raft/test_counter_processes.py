@@ -65,9 +65,9 @@ def nodes(tmp_path: Path) -> Iterator[dict[int, Node]]:
     ports = free_ports(6)
     voters = ",".join(f"{i}@127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
     cluster = {i: Node(i, voters, ports[2 + i], tmp_path / f"node-{i}") for i in (1, 2, 3)}
-    for node in cluster.values():
-        node.start()
     try:
+        for node in cluster.values():
+            node.start()
         yield cluster
     finally:
         for node in cluster.values():
@@ -105,11 +105,9 @@ def test_kill_restart_and_rejoin_through_a_snapshot(nodes: dict[int, Node]) -> N
     assert leader.ask("GET") == f"VALUE 12 {leader.ask('STATUS').split()[4]}"  # type: ignore[union-attr]
 
     old = leader.node_id
-    leader.kill()  # kill -9 the leader: a new one must commit
-    started = time.monotonic()
+    leader.kill()  # kill -9 the leader: a new one must commit (how fast: bench.raft)
     leader = wait_for(lambda: leader_of(nodes, exclude=old), "a new leader")
     assert leader.ask("INCR 3", 10).startswith("OK ")  # type: ignore[union-attr]
-    assert time.monotonic() - started < TIMEOUT_S
     assert leader.ask("GET").split()[1] == "15"  # type: ignore[union-attr]
 
     nodes[old].start()  # the killed node restarts from its files and catches up

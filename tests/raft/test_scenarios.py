@@ -40,7 +40,8 @@ def test_a_mismatch_names_the_file_and_line_and_rewrite_fixes_it(tmp_path: Path)
         check_file(path, rewrite=False)
     assert f"{path}:6: status" in str(err.value)
     assert "-1: leader" in str(err.value) and "+1: unattached epoch=0" in str(err.value)
-    check_file(path, rewrite=True)
+    with pytest.raises(AssertionError, match=r"rewrote .*: review its diff"):
+        check_file(path, rewrite=True)  # rewritten, and still not a pass
     rewritten = path.read_text()
     assert rewritten.startswith("# A comment survives a rewrite.\ncluster voters=1\n----\nok\n\n")
     check_file(path, rewrite=False)  # now it passes

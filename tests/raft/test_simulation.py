@@ -7,10 +7,13 @@ cluster sizes. Every failure names its seed and the command that replays it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raft._leader import _LeaderMixin
 from raft.testing.sim import SimConfig, Simulation, SimulationFailure, run_seed
 from raft.testing.simulate import main
 
@@ -65,15 +68,31 @@ def test_a_seed_replays_exactly() -> None:
     assert outcome(7) != outcome(8)
 
 
-def test_the_command_line_prints_a_replay_line_per_failure(
-    capsys: pytest.CaptureFixture[str],
+def _commits_on_its_own_log(self: Any, role: Any) -> None:
+    """A mutant of ``_LeaderMixin._maybe_advance_hw``: the leader's own durable log end is
+    the high watermark, as if it alone were a majority."""
+    durable_end = self._end - sum(
+        b.next_offset - b.base_offset for b in self._out.log_write.batches
+    )
+    role.replicas[self.node_id].fetch_offset = durable_end
+    if durable_end > self._hw and durable_end > role.epoch_start_offset:
+        self._hw = durable_end
+        self._out.commit_offset = durable_end
+        if role.pending:
+            self._flush_pending(role)
+        self._complete_parked(role)
+
+
+def test_the_invariants_catch_a_leader_that_commits_without_a_majority(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["--seeds", "3", "--first-seed", "0", "--voters", "3", "--observers", "1"])
-    out = capsys.readouterr().out
-    failed = [line for line in out.splitlines() if line.startswith("FAIL seed")]
-    replays = [
-        line for line in out.splitlines() if "replay: python -m raft.testing.simulate" in line
-    ]
-    assert code == (1 if failed else 0)
+    """The checker must be able to fail, and the command line then prints each failing seed
+    with the line that replays it and exits 1."""
+    monkeypatch.setattr(_LeaderMixin, "_maybe_advance_hw", _commits_on_its_own_log)
+    code = main(["--seeds", "20", "--first-seed", "0", "--voters", "3", "--observers", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    failed = [line for line in lines if line.startswith("FAIL seed")]
+    replays = [line for line in lines if "replay: python -m raft.testing.simulate" in line]
+    assert code == 1 and failed, "no seed caught the mutant"
     assert len(replays) == len(failed)
-    assert out.splitlines()[-1].startswith(f"3 seeds, {len(failed)} failed")
+    assert lines[-1].startswith(f"20 seeds, {len(failed)} failed")
