@@ -182,7 +182,9 @@ def test_isr_shrinks_and_expands_and_acks_all_needs_min_insync_replicas(
 
     ok("isr-0")
     c.pause(f1)
-    paused_at = time.monotonic()
+    # Not before the lag time: test_leader.py's
+    # test_a_caught_up_follower_that_stops_fetching_leaves_the_isr_only_after_the_lag_time
+    # checks that rule with a fake clock; here, that it happens and why (not a fencing).
     c.wait_partitions(
         f"the ISR without the paused {f1}",
         topic,
@@ -190,10 +192,8 @@ def test_isr_shrinks_and_expands_and_acks_all_needs_min_insync_replicas(
         c.lag_s + c.lag_s / 2 + 8,
         via=[leader, f2],
     )
-    took = time.monotonic() - paused_at
     listed = c.unfenced(leader)
     assert f1 in listed, f"{f1} was fenced ({listed}) before the leader shrank the ISR"
-    assert took >= c.lag_s - 1, f"{f1} left the ISR {took:.1f} s after its pause: too soon"
     ok("isr-1")  # two in sync: min.insync.replicas holds
     c.resume(f1)
     c.wait_partitions(

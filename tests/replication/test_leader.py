@@ -189,6 +189,22 @@ def test_a_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader: 
     assert p.isr == (ME, 2) and p.pending_isr is None
 
 
+def test_a_caught_up_follower_that_stops_fetching_leaves_the_isr_only_after_the_lag_time(
+    leader: Leader,
+) -> None:
+    """A paused follower (test_cluster_replication.py pauses one): caught up at its last
+    fetch, it stays in the ISR until replica_lag_time_max_ms after it, and no longer."""
+    p = leader.partition
+    leader.append(b"a")
+    leader.fetch(2, 1, now_ms=500)
+    leader.fetch(3, 1, now_ms=500)  # both caught up at 500; then 3 fetches no more
+    leader.fetch(2, 1, now_ms=500 + LAG_MS)
+    assert p.maybe_shrink_isr(now_ms=500 + LAG_MS) == () and leader.proposals == []
+    leader.fetch(2, 1, now_ms=501 + LAG_MS)
+    assert p.maybe_shrink_isr(now_ms=501 + LAG_MS) == (3,)
+    assert leader.proposals == [(ME, 2)]
+
+
 def test_a_pending_proposal_ends_only_by_its_answer_or_a_newer_partition_epoch(
     leader: Leader,
 ) -> None:
