@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.common import REPO, git_state, work_dir
 from bench.kafka_load import Connection, LoadError
-from bench.produce_consume_cluster import CREATE_TOPICS_VERSION, RunnelCluster
+from bench.produce_consume_cluster import CREATE_TOPICS_VERSION, RunnelCluster, stopped_after
 from bench.produce_consume_replication import start_cluster
 from bench.produce_consume_replication_load import find_leader, produce_one
 from broker.protocol import ApiKey
@@ -115,8 +115,7 @@ def summary(seconds: Sequence[float]) -> dict[str, float]:
 
 
 def run(root: Path, topics: int) -> dict[str, Any]:
-    cluster = start_cluster(root)
-    try:
+    with stopped_after(start_cluster(root)) as cluster:
         addresses = [cluster.address(b) for b in cluster.broker_ids]
         create_topic(cluster, WARM_TOPIC)
         first_ack(addresses, WARM_TOPIC, cluster.check_alive)
@@ -134,11 +133,6 @@ def run(root: Path, topics: int) -> dict[str, Any]:
             new.append(took)
             tries.append(attempts)
         cluster.check_alive()
-    except BaseException:
-        print(cluster.log_tail(), file=sys.stderr)
-        raise
-    finally:
-        cluster.stop()
     return {
         "topics": topics,
         "warm": summary(warm),

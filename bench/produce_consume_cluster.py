@@ -13,8 +13,11 @@ the controller. ``stop`` kills every node (SIGTERM, then SIGKILL) and reaps them
 
 from __future__ import annotations
 
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -185,3 +188,16 @@ class RunnelCluster:
                 text = path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace")
                 tails.append(f"--- {path}\n{text}")
         return "\n".join(tails)
+
+
+@contextmanager
+def stopped_after(cluster: RunnelCluster) -> Iterator[RunnelCluster]:
+    """Stops ``cluster`` when the block ends; if it ends in an error, first prints the tail
+    of the nodes' logs (what the nodes said about it)."""
+    try:
+        yield cluster
+    except BaseException:
+        print(cluster.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        cluster.stop()

@@ -25,13 +25,12 @@ a noisy spell of the shared machine hits both:
 
 from __future__ import annotations
 
-import sys
 import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from bench.produce_consume_cluster import RunnelCluster
+from bench.produce_consume_cluster import RunnelCluster, stopped_after
 from bench.produce_consume_figures import Latency, LatencyRound, Params, Results, Round, Run
 from bench.produce_consume_phases import (
     Target,
@@ -192,7 +191,7 @@ def run(root: Path, params: Params) -> Results:
     with ExitStack() as stack:
         memory_sink = stack.enter_context(sink(params, "memory", E2E_TOPIC))
         discard_sink = stack.enter_context(sink(params, "discard", TOPIC))
-        try:
+        with stopped_after(cluster):
             cluster.start(START_TIMEOUT_S)
             if params.pin:
                 pin_process(cluster.broker_pid, SERVER_CPUS)
@@ -206,11 +205,6 @@ def run(root: Path, params: Params) -> Results:
             client_runs = clients(discard_sink, runnel, params)
             sweep_runs = sweep(runnel, params)
             cluster.check_alive()
-        except BaseException:
-            print(cluster.log_tail(), file=sys.stderr)
-            raise
-        finally:
-            cluster.stop()
     replication = None
     if params.replication:
         rp = replication_params(

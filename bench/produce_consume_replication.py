@@ -37,13 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import REPO, work_dir
-from bench.produce_consume_cluster import RunnelCluster
+from bench.produce_consume_cluster import RunnelCluster, stopped_after
 from bench.produce_consume_figures import JAVA_BATCH_BYTES, JAVA_MAX_IN_FLIGHT, MB
 from bench.produce_consume_replication_figures import (
     Replication,
@@ -168,8 +167,7 @@ def start_cluster(root: Path) -> RunnelCluster:
 
 
 def run_replication(root: Path, rp: ReplicationParams) -> Replication:
-    cluster = start_cluster(root)
-    try:
+    with stopped_after(start_cluster(root)) as cluster:
         create_topics(cluster, rp)
         brokers = Brokers(cluster)
         session_ms = session_timeout_ms(cluster)
@@ -190,11 +188,6 @@ def run_replication(root: Path, rp: ReplicationParams) -> Replication:
                 f"{done.unavailable_s:.2f} s"
             )
         cluster.check_alive()
-    except BaseException:
-        print(cluster.log_tail(), file=sys.stderr)
-        raise
-    finally:
-        cluster.stop()
     return Replication(rp, session_ms, rounds, caught, tuple(failovers))
 
 

@@ -68,13 +68,7 @@ def _listed(address: str, topic: str) -> bool | None:
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     cluster = Cluster(tmp_path_factory.mktemp("cli") / "cluster", free_base_port(3))
     try:
-        up = cluster.ok(
-            "cluster", "up", "--once", "--controllers", "1", "--brokers", "2",
-            "--base-port", str(cluster.base_port),
-        )  # fmt: skip
-        match = re.search(r"^bootstrap: (\S+)", up, re.MULTILINE)
-        assert match is not None, up
-        yield Local(cluster, match[1])
+        yield Local(cluster, cluster.up_two_brokers())
     finally:
         cluster.run("cluster", "down")
         for pid in cluster.pids():  # whatever is left: kill -9, found by pid file

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,17 @@ class Cluster:
         done = self.run(*args)
         assert done.returncode == 0, f"runnel {' '.join(args)}: {done.stdout}{done.stderr}"
         return done.stdout
+
+    def up_two_brokers(self) -> str:
+        """``cluster up --once`` with one controller and brokers 101 and 102; the Kafka
+        bootstrap it prints."""
+        up = self.ok(
+            "cluster", "up", "--once", "--controllers", "1", "--brokers", "2",
+            "--base-port", str(self.base_port),
+        )  # fmt: skip
+        match = re.search(r"^bootstrap: (\S+)", up, re.MULTILINE)
+        assert match is not None, up
+        return match[1]
 
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self.ok("cluster", "status", "--json")))

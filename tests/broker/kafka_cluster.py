@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import struct
@@ -95,13 +94,7 @@ def _start(data_dir: Path) -> None:
     cluster = Cluster(data_dir / "cluster", free_base_port(3))
     _running.append(cluster)
     try:
-        up = cluster.ok(
-            "cluster", "up", "--once", "--controllers", "1", "--brokers", "2",
-            "--base-port", str(cluster.base_port),
-        )  # fmt: skip
-        match = re.search(r"^bootstrap: (\S+)", up, re.MULTILINE)
-        assert match is not None, up
-        bootstrap = match[1]  # serving at once: test_kafka_clients.py checks that
+        bootstrap = cluster.up_two_brokers()  # serving at once: test_kafka_clients.py checks
     except BaseException:
         _stop(_running.pop())
         raise

@@ -20,7 +20,6 @@ is that its brokers stay up for every test of the session.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from collections.abc import Iterator
@@ -65,13 +64,7 @@ def own_cluster(tmp_path: Path) -> Iterator[SharedCluster]:
     ``cluster down`` leaves running is kill -9'd, found by its pid file."""
     local = Cluster(tmp_path / "cluster", free_base_port(3))
     try:
-        up = local.ok(
-            "cluster", "up", "--once", "--controllers", "1", "--brokers", "2",
-            "--base-port", str(local.base_port),
-        )  # fmt: skip
-        bootstrap = re.search(r"^bootstrap: (\S+)", up, re.MULTILINE)
-        assert bootstrap is not None, up
-        yield SharedCluster.of(KafkaCluster(local.data_dir, bootstrap[1]))
+        yield SharedCluster.of(KafkaCluster(local.data_dir, local.up_two_brokers()))
     finally:
         try:
             local.run("cluster", "down")

@@ -71,6 +71,14 @@ def named(body: dict[str, Any]) -> dict[int, tuple[int, int]]:
     }
 
 
+def following(followers: list[Partition], config: FetcherConfig) -> ReplicaFetcher:
+    """A fetcher from LEADER that follows ``followers`` at their current leader epochs."""
+    fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
+    for p in followers:
+        fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+    return fetcher
+
+
 @pytest.fixture
 def followers(tmp_path: Path) -> Iterator[list[Partition]]:
     logs: list[Log] = []
@@ -101,9 +109,7 @@ def test_positions_are_read_after_answers_and_refreshed_for_retention(
     monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
 
     async def main() -> None:
-        fetcher = ReplicaFetcher(LEADER, FetcherConfig(broker_id=ME), lambda _: None)
-        for p in followers:
-            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        fetcher = following(followers, FetcherConfig(broker_id=ME))
         connection = _Connection()
 
         async def fetch_once() -> dict[str, Any]:
@@ -156,9 +162,7 @@ def test_a_request_looks_only_at_what_changed_and_rests_are_forgotten_then_named
 
     async def main() -> None:
         config = FetcherConfig(broker_id=ME, fetch_backoff_ms=50)
-        fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
-        for p in followers:
-            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        fetcher = following(followers, config)
         connection = _Connection()
 
         async def fetch_once() -> dict[str, Any]:
@@ -222,9 +226,7 @@ def test_a_metadata_disagreement_rests_briefly_doubling_and_other_errors_the_bac
 
     async def main() -> None:
         config = FetcherConfig(broker_id=ME, fetch_backoff_ms=int(backoff_s * 1000))
-        fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
-        for p in followers:
-            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        fetcher = following(followers, config)
         key = followers[1].key
         connection = _Connection()
 
@@ -278,9 +280,7 @@ def test_an_answer_for_a_partition_whose_leader_or_epoch_moved_meanwhile_is_drop
     monkeypatch.setattr(fetcher_module, "POSITION_REFRESH_S", 3600.0)
 
     async def main() -> None:
-        fetcher = ReplicaFetcher(LEADER, FetcherConfig(broker_id=ME), lambda _: None)
-        for p in followers:
-            fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        fetcher = following(followers, FetcherConfig(broker_id=ME))
         connection = _Connection()
 
         async def fetch_answered_after(change: Any) -> None:
