@@ -5,9 +5,12 @@ logs), the fetch purgatory, the producer-id manager, the dispatcher and the list
 node starts it once the broker has caught up with the metadata log and been unfenced:
 ``start(image)`` loads the logs, applies that image (which partitions live here, who leads
 them, at which epochs), subscribes to every later image and only then opens the listener, so
-no client is served from a stale view. ``stop`` closes the listener first (parked fetches
-are answered), then the follower fetchers, then the logs, cleanly (a clean-shutdown marker
-skips recovery next time). Log retention and compaction run in the background every
+no client is served from a stale view. ``stop`` first stops applying images (the metadata log
+goes on until the node closes Raft: a partition moved now must not create or open a log, or
+start a fetcher, after they are closed), then closes the listener (its connections close and
+their requests in flight, parked fetches too, get no answer: clients retry elsewhere), then
+the follower fetchers, then the logs, cleanly (a clean-shutdown marker skips recovery next
+time). Log retention and compaction run in the background every
 ``log_maintenance_interval_ms``.
 
 Listeners: the client listener, and any other Kafka listeners the node names (an
@@ -156,6 +159,7 @@ class KafkaBroker:
         self.server = self.servers[settings.listener_name]  # the client listener
         self._image = MetadataImage.EMPTY
         self._apply_scheduled = False
+        self._stopping = False  # set by stop(): no image is applied after it
         self._unreachable: set[tuple[int, str]] = set()  # (leader, listener) said missing
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
@@ -241,7 +245,7 @@ class KafkaBroker:
             self.on_fatal(self._fatal)
 
     def _apply(self, image: MetadataImage) -> None:
-        if image.offset < self._image.offset:
+        if image.offset < self._image.offset or self._stopping:
             return
         self._image = image
         if not self.replicas.apply(image) and not self._apply_scheduled:
@@ -256,6 +260,8 @@ class KafkaBroker:
     def _retry_unserved(self) -> None:
         """Partitions whose logs could not be had, tried again; more in later loop turns
         when many are served at once (an unfinished apply comes first)."""
+        if self._stopping:
+            return
         if not self._apply_scheduled and not self.replicas.retry_unserved():
             asyncio.get_running_loop().call_soon(self._retry_unserved)
 
@@ -299,6 +305,7 @@ class KafkaBroker:
                     await asyncio.to_thread(self.logs.checkpoint, data_dir)
 
     async def stop(self) -> None:
+        self._stopping = True  # images are no longer applied (module doc)
         for server in self.servers.values():
             await server.close()
         self.purgatory.cancel_all()

@@ -1,0 +1,91 @@
+"""The broker's data plane stopping (broker/runtime.py) while the metadata log goes on: the
+Raft node closes after the broker, so images keep arriving during ``stop``; none may create
+a log or start a fetcher once the broker is stopping. In process, with real logs, a real
+listener on a free port, and a stand-in for the metadata state machine that hands images to
+its subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from broker.context import BrokerSettings
+from broker.runtime import KafkaBroker
+from broker.server import ServerConfig
+from controller import records as rec
+from controller.client import ControllerClient
+from controller.image import MetadataDelta, MetadataImage
+from controller.state_machine import MetadataStateMachine
+from raft.testing.processes import free_ports
+from storage.config import LogConfig
+from storage.log_manager import LogManager
+
+ME, OTHER = 1, 2
+
+
+class Publisher:
+    """What KafkaBroker uses of MetadataStateMachine: subscribers to published images."""
+
+    def __init__(self) -> None:
+        self.subscribers: list[Callable[[MetadataImage], None]] = []
+
+    def on_publish(self, callback: Callable[[MetadataImage], None]) -> None:
+        self.subscribers.append(callback)
+
+    def publish(self, image: MetadataImage) -> None:
+        for callback in self.subscribers:
+            callback(image)
+
+
+def image_with(base: MetadataImage, *records: Any) -> MetadataImage:
+    delta = MetadataDelta(base)
+    for offset, record in enumerate(records, base.offset + 1):
+        delta.replay(record, offset)
+    return delta.apply()
+
+
+def test_images_published_while_the_broker_stops_change_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        (port,) = free_ports(1)
+        listeners = {b: [("CLIENT", "127.0.0.1", port + b)] for b in (ME, OTHER)}
+        first = image_with(
+            MetadataImage.EMPTY,
+            *[
+                rec.register_broker(b, 0, bytes([b]) * 16, listeners[b], fenced=False)
+                for b in listeners
+            ],
+            rec.topic("before", b"b" * 16),
+            rec.partition(b"b" * 16, 0, [ME], [ME], leader=ME),
+        )
+        logs = LogManager([tmp_path / "data"], LogConfig())
+        publisher = Publisher()
+        broker = KafkaBroker(
+            BrokerSettings(ME, "cluster", "CLIENT"),
+            ServerConfig(),
+            "127.0.0.1",
+            port,
+            logs,
+            cast(MetadataStateMachine, publisher),
+            cast(ControllerClient, None),  # nothing here is forwarded or proposed
+            lambda: 0,
+            fetch_max_waiting=10,
+        )
+        await broker.start(first)
+        stopping = asyncio.create_task(broker.stop())
+        await asyncio.sleep(0)  # stop() has begun: the listener is closing
+        later = image_with(
+            first,
+            rec.topic("led", b"l" * 16),
+            rec.partition(b"l" * 16, 0, [ME], [ME], leader=ME),
+            rec.topic("followed", b"f" * 16),
+            rec.partition(b"f" * 16, 0, [OTHER, ME], [OTHER, ME], leader=OTHER),
+        )
+        publisher.publish(later)
+        await asyncio.wait_for(stopping, 30)
+        made = sorted(p.name for p in (tmp_path / "data").iterdir() if p.is_dir())
+        assert made == ["before-0"], made
+        assert not broker.fetchers.fetchers, "a fetcher was started after the broker stopped"
+
+    asyncio.run(main())
