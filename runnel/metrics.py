@@ -112,6 +112,12 @@ def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily
     for name, doc, attribute in (
         ("connections_open", "Client connections open now", "connections_open"),
         ("connections_accepted", "Client connections accepted so far", "connections_accepted"),
+        (
+            "connections_refused",
+            "Client connections closed at once so far: max_connections were open",
+            "connections_refused",
+        ),
+        ("connections_closed", "Client connections closed so far", "connections_closed"),
         ("requests_received", "Kafka requests received so far", "requests_received"),
         ("bytes_received", "Bytes read from clients so far", "bytes_received"),
         ("bytes_sent", "Bytes sent to clients so far (sendfile included)", "bytes_sent"),

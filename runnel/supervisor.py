@@ -153,7 +153,17 @@ class Supervisor:
             if m.state is NodeState.RUNNING and not self._running(m):
                 events.append((node_id, self._died(m, now)))
             elif m.state is NodeState.BACKOFF and now >= m.restart_at:
-                self._spawn(m)
+                try:
+                    self._spawn(m)
+                except OSError as e:  # no log file or no process (a full disk, no fds):
+                    m.restarts += 1  # a death like any other, retried after a backoff
+                    m.backoff_s = next_backoff_s(m.backoff_s)
+                    m.restart_at = now + m.backoff_s
+                    events.append(
+                        (node_id, f"node {node_id} could not be started: {e}; again in "
+                         f"{m.backoff_s:g} s")
+                    )  # fmt: skip
+                    continue
                 m.restarts += 1
                 events.append((node_id, f"node {node_id} restarted (pid {m.pid})"))
         return events

@@ -83,6 +83,8 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             metrics = await asyncio.to_thread(scrape, metrics_port)
             assert 'runnel_kafka_leaders{node_id="1"} 2.0' in metrics
             assert 'runnel_kafka_requests_received{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_connections_refused{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_connections_closed{node_id="1"} 0.0' in metrics
             # one broker, replication factor 1: full ISRs, nothing followed
             assert 'runnel_kafka_under_replicated_partitions{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_partitions_following{node_id="1"} 0.0' in metrics
