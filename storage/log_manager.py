@@ -213,13 +213,19 @@ class LogManager:
         return self.config_for(tp) if self.config_for is not None else self.default_config
 
     # -- periodic work ---------------------------------------------------------------------
-    def run_maintenance(self, now_ms: int | None = None) -> None:
+    def run_maintenance(
+        self, now_ms: int | None = None, stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         """One pass of the background duties: time-based flush, retention, compaction,
         checkpoints, and every ``PRODUCER_EXPIRATION_CHECK_INTERVAL_MS`` the expiry of
-        producer ids silent for ``producer_id_expiration_ms``."""
+        producer ids silent for ``producer_id_expiration_ms``. Once ``stopping()`` is true
+        the pass ends before its next log (a broker stopping must not wait for a whole pass
+        of compaction: its shutdown flushes and checkpoints every log anyway)."""
         now = self._clock() if now_ms is None else now_ms
         expire_producers = self._producer_expiration_due(now)
         for tp, log in list(self._logs.items()):
+            if stopping():
+                return
             if log.offline:
                 continue
             try:
@@ -258,7 +264,7 @@ class LogManager:
         if interval_ms < 1:
             raise ValueError(f"maintenance interval must be at least 1 ms, got {interval_ms}")
         while not stop.is_set():
-            await asyncio.to_thread(self.run_maintenance)
+            await asyncio.to_thread(self.run_maintenance, None, stop.is_set)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_ms / 1000)
 

@@ -292,3 +292,28 @@ def test_closing_a_log_nobody_reads_closes_its_descriptors_at_once(tmp_path: Pat
         with pytest.raises(OSError):
             os.fstat(number)
     manager.shutdown()
+
+
+def test_a_maintenance_pass_ends_before_its_next_log_once_stopping(tmp_path: Path) -> None:
+    """A stopping broker must not wait for a whole pass (compaction of every log): the pass
+    checks ``stopping`` before each log."""
+    clock = FakeClock()
+    manager = LogManager([tmp_path], LogConfig(segment_bytes=200, retention_ms=1), clock=clock)
+    manager.startup()
+    logs = [manager.get_or_create_log(TopicPartition("orders", p)) for p in (0, 1)]
+    for log in logs:
+        for i in range(5):
+            log.append_as_leader(make_batch([b"%d" % i * 100]), leader_epoch=1)
+        log.update_high_watermark(log.log_end_offset)
+    clock.advance(60_000)
+    asked = []
+
+    def stopping() -> bool:
+        asked.append(True)
+        return len(asked) > 1  # stop is asked for once the first log is done
+
+    manager.run_maintenance(stopping=stopping)
+    first, second = (log.log_start_offset for log in logs)
+    assert first > 0, "the first log was not maintained"
+    assert second == 0, "the pass went on to the next log after stop was asked"
+    manager.shutdown()
