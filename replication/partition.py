@@ -481,11 +481,16 @@ class Partition:
         """Call ``callback(None)`` once the high watermark passes ``info``'s last offset (at
         once if it has), or ``callback(error)`` when the wait fails (module doc). The
         caller bounds the wait with its own timeout, and then calls the function returned,
-        which forgets the wait (the callback is not called, nothing is kept for it)."""
+        which forgets the wait (the callback is not called, nothing is kept for it). An
+        append already committed is judged as a waiting one is when its commit comes
+        (Kafka's checkEnoughReplicasReachOffset): by an ISR below the minimum it is
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND, since the ISR may have shrunk between the append
+        and this call."""
         if not self.is_leader:
             callback(NotLeaderOrFollower(f"{self}: no longer the leader"))
         elif info.last_offset < self.high_watermark:
-            callback(None)
+            followers = self._followers
+            callback(None if followers is None else self._isr_too_small(len(followers.maximal_isr)))
         else:
             entry = (info.last_offset + 1, callback)
             self._waiting.append(entry)

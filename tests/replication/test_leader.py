@@ -137,6 +137,25 @@ def test_the_isr_shrinking_below_the_minimum_fails_waiting_appends(tmp_path: Pat
     log.abandon()
 
 
+def test_an_append_committed_by_an_isr_too_small_before_its_wait_fails_too(
+    tmp_path: Path,
+) -> None:
+    """The produce handler asks for the commit a loop turn after the append; an ISR shrink
+    applied in between commits the append by the leader alone. Asked then, it must fail as
+    a waiting one would (it used to succeed: an acknowledged record on one replica)."""
+    log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
+    made = Leader(log, min_isr=2)
+    made.partition.make_leader(state(), now_ms=0)
+    info = made.partition.append_as_leader(make_batch([b"a"]), -1)
+    made.partition.make_leader(state(isr=(ME,), partition_epoch=11), now_ms=5)
+    assert made.partition.high_watermark == 1  # committed by the leader alone
+    done: list[object] = []
+    made.partition.await_commit(info, done.append)
+    (error,) = done
+    assert isinstance(error, errors.NotEnoughReplicasAfterAppend) and error.code == 20
+    log.abandon()
+
+
 def test_appends_waiting_on_a_replica_when_the_isr_is_too_small_fail(tmp_path: Path) -> None:
     log = load_log(tmp_path / "t-0", LogConfig(), clock=FakeClock())
     made = Leader(log, min_isr=3)
