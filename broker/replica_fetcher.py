@@ -93,7 +93,8 @@ FETCH_VERSION = 12  # the first with last_fetched_epoch / diverging_epoch
 CONNECT_TIMEOUT_S = 5.0
 MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
-MAX_RESPONSE_SLACK_BYTES = 1 << 20  # headers and framing beyond the records' limit
+MAX_RESPONSE_SLACK_BYTES = 1 << 20  # the answer's header and framing beyond the records
+PARTITION_ANSWER_BYTES = 64  # a partition's fields in an answer, its records aside
 POSITION_REFRESH_S = 1.0  # every partition's position is read afresh at least this often
 METADATA_REST_FIRST_S = 0.01  # the first rest after a metadata disagreement (module doc)
 _READ_BUFFER_BYTES = 1 << 20  # answers up to half of it are read with others; bigger ones alone
@@ -120,6 +121,9 @@ class FetcherConfig:
     fetch_response_max_bytes: int = 10_485_760  # replica.fetch.response.max.bytes
     fetch_backoff_ms: int = 1000  # replica.fetch.backoff.ms: a partition's rest after an error
     request_timeout_ms: int = 30_000  # beyond the wait, for the leader's answer
+    # The largest batch a leader may hold (the brokers' socket_request_max_bytes): an answer
+    # carries its first partition's first batch whole, however big (KIP-74).
+    largest_batch_bytes: int = 104_857_600
 
 
 @dataclass(slots=True)
@@ -274,6 +278,17 @@ class ReplicaFetcher:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"replica-fetcher-{self.leader_id}"
             )
+            self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The loop ends only by close() or a broken invariant: the latter said loudly."""
+        if not task.cancelled() and task.exception() is not None:
+            _log.critical(
+                "replication from broker %d stopped: %r",
+                self.leader_id,
+                task.exception(),
+                exc_info=task.exception(),
+            )
 
     def remove(self, key: PartitionKey) -> None:
         if self.followed.pop(key, None) is not None:
@@ -283,7 +298,8 @@ class ReplicaFetcher:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A loop ended by a broken invariant was reported by _ended: the node still stops.
+            with contextlib.suppress(asyncio.CancelledError, AssertionError):
                 await self._task
             self._task = None
         self._disconnect()
@@ -302,13 +318,26 @@ class ReplicaFetcher:
                 _log.info(
                     "fetch from broker %d failed: %r; again in %.2f s", self.leader_id, e, backoff_s
                 )
-                self._disconnect()
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2 * backoff_s, MAX_RECONNECT_BACKOFF_S)
-                continue
-            backoff_s = MIN_RECONNECT_BACKOFF_S
-            self.fetches += 1
-            self._handle(response, self._requests)
+            except AssertionError:  # a broken invariant (storage.errors): never caught
+                raise
+            except Exception:  # a bug: logged, and the fetcher goes on (it must not die)
+                _log.exception(
+                    "fetch from broker %d failed; again in %.2f s", self.leader_id, backoff_s
+                )
+            else:
+                backoff_s = MIN_RECONNECT_BACKOFF_S
+                self.fetches += 1
+                try:
+                    self._handle(response, self._requests)
+                except AssertionError:
+                    raise
+                except Exception:
+                    _log.exception("answer from broker %d not applied", self.leader_id)
+                else:
+                    continue
+            self._disconnect()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2 * backoff_s, MAX_RECONNECT_BACKOFF_S)
 
     def _any_ready(self) -> bool:
         """Whether a partition is followed and not resting (rests that ended are over)."""
@@ -337,9 +366,22 @@ class ReplicaFetcher:
             address = self.address_of(self.leader_id)
             if address is None:
                 raise OSError(f"broker {self.leader_id} has no known address")
-            limit = self.config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
-            self._connection = await _Connection.open(*address, limit)
+            self._connection = await _Connection.open(*address, self.response_limit())
         return self._connection
+
+    def response_limit(self) -> int:
+        """The largest answer taken: the records' limit, one batch beyond it (KIP-74: the
+        first partition with data gets a whole batch whatever its size), and each followed
+        partition's fields. Set when the connection opens; an answer over it (more
+        partitions followed since) fails that connection, and the next one allows for
+        them."""
+        config = self.config
+        return (
+            config.fetch_response_max_bytes
+            + config.largest_batch_bytes
+            + MAX_RESPONSE_SLACK_BYTES
+            + PARTITION_ANSWER_BYTES * len(self.followed)
+        )
 
     def _disconnect(self) -> None:
         self.session.reset()  # a new connection may reach a restarted leader

@@ -121,6 +121,7 @@ class KafkaBroker:
                 fetch_response_max_bytes=replication.replica_fetch_response_max_bytes,
                 fetch_backoff_ms=replication.replica_fetch_backoff_ms,
                 request_timeout_ms=settings.controller_request_timeout_ms,
+                largest_batch_bytes=server_config.socket_request_max_bytes,
             ),
             self._address_of,
         )

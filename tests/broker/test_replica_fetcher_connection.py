@@ -19,7 +19,7 @@ from broker.protocol import (
     encode_response,
 )
 from broker.protocol.framing import RequestHeader
-from broker.replica_fetcher import FETCH_VERSION, _Connection
+from broker.replica_fetcher import FETCH_VERSION, FetcherConfig, ReplicaFetcher, _Connection
 
 LIMIT = 2 << 20
 Answer = Callable[[RequestHeader, asyncio.StreamWriter], Awaitable[None]]
@@ -184,3 +184,35 @@ def test_a_wrong_correlation_id_is_refused() -> None:
             await fetch(connection)
 
     leader_run(answer, test)
+
+
+def test_a_fetcher_takes_an_answer_whose_one_batch_exceeds_its_records_limit() -> None:
+    """A leader answers the first partition with data with a whole batch, however big
+    (KIP-74): the fetcher's connection must take it, or replication from that leader stops
+    for good on the first big batch (the fetcher reconnects and asks the same again). Its
+    limit was the records' limit plus 1 MiB."""
+    fetcher = ReplicaFetcher(
+        1,
+        FetcherConfig(broker_id=2, fetch_response_max_bytes=1000, largest_batch_bytes=2 << 20),
+        lambda _: None,
+    )
+    batch = b"b" * (3 << 19)  # 1.5 MiB: beyond 1,000 + 1 MiB
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+        writer.write(framed(decode_request_header(await reader.readexactly(size)), batch))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = await _Connection.open("127.0.0.1", port, fetcher.response_limit())
+        try:
+            assert records_of(await fetch(connection)) == batch
+        finally:
+            connection.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -10,6 +10,7 @@ a canned Fetch response; the partitions are real followers on real logs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,51 @@ def test_an_answer_for_a_partition_whose_leader_or_epoch_moved_meanwhile_is_drop
         assert [p.log.log_end_offset for p in followers] == [0, 4]
 
     asyncio.run(main())
+
+
+class _YieldingConnection(_Connection):
+    """Answers after one loop turn, as a socket would."""
+
+    async def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        await asyncio.sleep(0)
+        return await super().request(api_key, version, body)
+
+
+def test_an_unexpected_error_in_a_fetch_is_logged_and_the_fetcher_goes_on(
+    followers: list[Partition], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in handling one answer must not end replication from that leader: the fetcher's
+    loop used to end, silently, and no later follow restarted it."""
+    monkeypatch.setattr(fetcher_module, "MIN_RECONNECT_BACKOFF_S", 0.0)
+
+    async def main() -> None:
+        fetcher = following(followers, FetcherConfig(broker_id=ME))
+        connection = _YieldingConnection()
+
+        async def connect() -> Any:
+            return connection
+
+        handled = []
+        real = fetcher._handle
+
+        def handle(response: Any, request: int) -> None:
+            handled.append(request)
+            if len(handled) == 1:
+                raise RuntimeError("a bug")
+            real(response, request)
+
+        monkeypatch.setattr(fetcher, "_connect", connect)
+        monkeypatch.setattr(fetcher, "_handle", handle)
+        task = asyncio.get_running_loop().create_task(fetcher._run())
+        try:
+            async with asyncio.timeout(10):
+                while len(handled) < 3:
+                    await asyncio.sleep(0.001)
+            assert not task.done()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    assert any("not applied" in r.getMessage() for r in caplog.records)
