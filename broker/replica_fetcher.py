@@ -148,9 +148,11 @@ class _Connection(asyncio.BufferedProtocol):
     twice); an answer's records stay views of it, so its chunk is lent out until the next
     request, by when the fetcher has applied them."""
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        # One big answer's buffer is kept for the next (at most max_frame_bytes).
-        self._reader = FrameReader(max_frame_bytes, _READ_BUFFER_BYTES, max_frame_bytes)
+    def __init__(self, max_frame_bytes: int, keep_bytes: int | None = None) -> None:
+        # One big answer's buffer is kept for the next, up to keep_bytes (default: the
+        # limit): the usual big answer, not the rare one with a huge batch.
+        keep = max_frame_bytes if keep_bytes is None else min(keep_bytes, max_frame_bytes)
+        self._reader = FrameReader(max_frame_bytes, _READ_BUFFER_BYTES, keep)
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._answer: asyncio.Future[memoryview] | None = None
@@ -158,11 +160,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._failure: BaseException | None = None  # the connection is unusable
 
     @classmethod
-    async def open(cls, host: str, port: int, max_frame_bytes: int) -> _Connection:
+    async def open(
+        cls, host: str, port: int, max_frame_bytes: int, keep_bytes: int | None = None
+    ) -> _Connection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             transport, connection = await loop.create_connection(
-                lambda: cls(max_frame_bytes), host, port
+                lambda: cls(max_frame_bytes, keep_bytes), host, port
             )
         sock = transport.get_extra_info("socket")
         if sock is not None:  # small requests: never wait for Nagle
@@ -366,7 +370,8 @@ class ReplicaFetcher:
             address = self.address_of(self.leader_id)
             if address is None:
                 raise OSError(f"broker {self.leader_id} has no known address")
-            self._connection = await _Connection.open(*address, self.response_limit())
+            keep = self.config.fetch_response_max_bytes + MAX_RESPONSE_SLACK_BYTES
+            self._connection = await _Connection.open(*address, self.response_limit(), keep)
         return self._connection
 
     def response_limit(self) -> int:
