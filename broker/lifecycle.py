@@ -14,9 +14,12 @@ through a ``ControllerClient``:
    has caught up). With the plain interval a starting broker, whose first heartbeat comes
    right after registration and before its metadata caught up, stayed fenced for a whole
    interval (2 s by default) of every start.
-3. ``shutdown`` asks for a controlled shutdown: heartbeats say ``want_shutdown`` until the
-   controller has moved every leadership away and answers ``should_shut_down`` (or the time
-   limit passes), then the broker stops.
+3. ``shutdown`` asks for a controlled shutdown: the background heartbeats stop, and
+   heartbeats saying ``want_shutdown`` go until the controller has moved every leadership
+   away and answers ``should_shut_down`` (or the time limit passes, or
+   ``skip_controlled_shutdown`` is called: a second SIGTERM), then the broker stops. A
+   broker that never registered has nothing to hand over: it just stops. Nothing registers
+   once shutting down: an answer that the registration is gone ends the shutdown.
 
 An answer of STALE_BROKER_EPOCH or BROKER_ID_NOT_REGISTERED (the controller lost or replaced
 the registration) makes it register again. Registration itself is retried with backoff while
@@ -26,7 +29,11 @@ controller are retried by the client; a heartbeat that fails altogether is logge
 next one tries again: the controller fences a broker it has not heard from for its session
 timeout. A heartbeat's attempts are short (``HEARTBEAT_ATTEMPT_INTERVALS`` intervals), so
 one sent to a paused controller moves on to the next active one within the session timeout
-that controller starts counting when it takes over.
+that controller starts counting when it takes over. A registration again that fails in a
+way that may pass (no controller answered; still a duplicate after ``REGISTER_TIMEOUT_S``)
+is logged and tried again with backoff; one the controller refuses
+(``RegistrationRefused``) ends the heartbeats: the broker cannot go on, and ``on_fatal``
+tells the node (as does any other end of the heartbeats, a bug).
 
 Each time the committed image changes, the partitions this broker leads and follows (with
 their epochs) go to the ``on_partitions`` callbacks: the hook that replication turns into
@@ -36,7 +43,6 @@ become-leader / become-follower.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import enum
 import logging
@@ -51,7 +57,7 @@ from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
 from raft.driver import RaftNode
 
-__all__ = ["BrokerLifecycle", "BrokerState", "PartitionAssignment"]
+__all__ = ["BrokerLifecycle", "BrokerState", "PartitionAssignment", "RegistrationRefused"]
 
 _log = logging.getLogger(__name__)
 INCARNATION_ID_BYTES = 16
@@ -68,6 +74,11 @@ HEARTBEAT_ATTEMPT_MIN_MS = 1_000
 REGISTER_BACKOFF_S = 0.2
 FENCED_HEARTBEAT_INTERVAL_MS = 50  # the heartbeat interval while fenced, at most
 REGISTER_BACKOFF_MAX_S = 2.0
+
+
+class RegistrationRefused(RuntimeError):
+    """The controller refused the registration with an error that retrying does not pass
+    (INVALID_REQUEST, say); the message names it."""
 
 
 class BrokerState(enum.Enum):
@@ -122,6 +133,10 @@ class BrokerLifecycle:
         self._last_image: MetadataImage | None = None
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._skip_shutdown = asyncio.Event()
+        # Told once, with the reason, if the heartbeats end other than by close(): the broker
+        # cannot go on (module doc); the node stops.
+        self.on_fatal: Callable[[str], None] | None = None
 
     def on_partitions(self, callback: Callable[[PartitionAssignment], None]) -> None:
         self._callbacks.append(callback)
@@ -132,6 +147,7 @@ class BrokerLifecycle:
         self._task = asyncio.get_running_loop().create_task(
             self._heartbeats(), name=f"broker-{self.broker_id}-heartbeats"
         )
+        self._task.add_done_callback(self._on_heartbeats_done)
 
     async def wait_for(self, state: BrokerState, timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
@@ -140,25 +156,28 @@ class BrokerLifecycle:
                 await self._changed.wait()
 
     async def shutdown(self, timeout_s: float) -> bool:
-        """Controlled shutdown; True if the controller let the broker go in time."""
+        """Controlled shutdown; True if the controller let the broker go in time (or no
+        longer holds its registration). A broker that never registered just stops (False)."""
+        registered = self.broker_epoch >= 0
         self._set_state(BrokerState.SHUTTING_DOWN)
+        await self._stop_heartbeats()  # nothing else heartbeats, nor registers, from now on
         released = False
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                while not released:
-                    response = await self._heartbeat(want_shutdown=True)
-                    released = response is not None and response.should_shut_down
-                    if not released:
-                        await asyncio.sleep(min(self.heartbeat_interval_s, 0.1))
-        await self.close()
+        try:
+            if not registered:
+                _log.info("broker %d: never registered; nothing to hand over", self.broker_id)
+            else:
+                released = await self._controlled_shutdown(timeout_s)
+        finally:
+            await self.close()
         return released
 
+    def skip_controlled_shutdown(self) -> None:
+        """End a controlled shutdown in progress (or the next one) at once: the broker stops
+        without waiting for the controller (a second SIGTERM)."""
+        self._skip_shutdown.set()
+
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._stop_heartbeats()
         self._set_state(BrokerState.STOPPED)
 
     # -- internals -------------------------------------------------------------------------
@@ -180,7 +199,7 @@ class BrokerLifecycle:
                     break
                 name = cpb.ErrorCode.Name(error)
                 if error not in _RETRY_REGISTRATION:
-                    raise RuntimeError(
+                    raise RegistrationRefused(
                         f"broker {self.broker_id}: {name}: {response.header.message}"
                     )
                 _log.info(
@@ -192,15 +211,96 @@ class BrokerLifecycle:
         self._set_state(BrokerState.FENCED)
         _log.info("broker %d registered with epoch %d", self.broker_id, self.broker_epoch)
 
+    async def _stop_heartbeats(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # an error it ended with was logged by its callback
+
+    def _on_heartbeats_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        reason = f"heartbeats ended: {error!r}"
+        if isinstance(error, RegistrationRefused):
+            _log.error("broker %d: %s; it cannot go on", self.broker_id, reason)
+        else:  # a bug
+            _log.error("broker %d: %s", self.broker_id, reason, exc_info=error)
+        if self.on_fatal is not None:
+            self.on_fatal(f"broker {self.broker_id}: {reason}")
+
+    async def _controlled_shutdown(self, timeout_s: float) -> bool:
+        asking = asyncio.ensure_future(self._until_released())
+        skipped = asyncio.ensure_future(self._skip_shutdown.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {asking, skipped}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (asking, skipped):
+                waiter.cancel()
+            await asyncio.wait({asking, skipped})
+        if asking in done:
+            return asking.result()
+        if skipped in done:
+            _log.warning("broker %d: controlled shutdown skipped", self.broker_id)
+        else:
+            _log.warning(
+                "broker %d: controlled shutdown timed out after %.0f s", self.broker_id, timeout_s
+            )
+        return False
+
+    async def _until_released(self) -> bool:
+        """Heartbeats with ``want_shutdown`` until the controller says ``should_shut_down``
+        or that it holds no registration of this incarnation (then nothing is left to move)."""
+        while True:
+            response = await self._heartbeat(want_shutdown=True)
+            if response is not None and response.header.error in _REREGISTER:
+                name = cpb.ErrorCode.Name(response.header.error)
+                _log.warning(
+                    "broker %d: %s while shutting down; not registering again", self.broker_id, name
+                )
+                return True
+            if response is not None and response.should_shut_down:
+                return True
+            await asyncio.sleep(min(self.heartbeat_interval_s, 0.1))
+
     async def _heartbeats(self) -> None:
         fenced_interval_s = min(self.heartbeat_interval_s, FENCED_HEARTBEAT_INTERVAL_MS / 1000)
         while True:
-            await self._heartbeat(want_shutdown=False)
+            response = await self._heartbeat(want_shutdown=False)
+            if response is not None and response.header.error in _REREGISTER:
+                name = cpb.ErrorCode.Name(response.header.error)
+                _log.warning("broker %d: %s; registering again", self.broker_id, name)
+                await self._register_again()
+            elif response is not None and response.header.error == cpb.NONE:
+                running = not response.is_fenced
+                self._set_state(BrokerState.RUNNING if running else BrokerState.FENCED)
             self._publish_partitions()
             fenced = self.state is BrokerState.FENCED
             await asyncio.sleep(fenced_interval_s if fenced else self.heartbeat_interval_s)
 
+    async def _register_again(self) -> None:
+        """Register until it works, backing off after a failure that may pass; a refusal
+        (``RegistrationRefused``) ends the heartbeats (module doc)."""
+        backoff_s = REGISTER_BACKOFF_S
+        while True:
+            try:
+                await self._register()
+                return
+            except (ControllerUnavailable, TimeoutError) as e:
+                _log.warning(
+                    "broker %d: registering again failed: %s; trying again in %.1f s",
+                    self.broker_id,
+                    str(e) or f"no registration within {REGISTER_TIMEOUT_S:.0f} s",
+                    backoff_s,
+                )
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2 * backoff_s, REGISTER_BACKOFF_MAX_S)
+
     async def _heartbeat(self, want_shutdown: bool) -> cpb.BrokerHeartbeatResponse | None:
+        """One heartbeat's answer (None when no controller answered); an error other than
+        a lost registration is logged here, the caller handles the rest."""
         request = cpb.BrokerHeartbeatRequest(
             broker_id=self.broker_id,
             broker_epoch=self.broker_epoch,
@@ -215,16 +315,8 @@ class BrokerLifecycle:
             _log.warning("broker %d: heartbeat failed: %s", self.broker_id, e)
             return None
         error = response.header.error
-        if error in _REREGISTER:
-            _log.warning("broker %d: %s; registering again", self.broker_id, error)
-            await self._register()
-            return None
-        if error != cpb.NONE:
+        if error != cpb.NONE and error not in _REREGISTER:
             _log.warning("broker %d: heartbeat refused: %s", self.broker_id, response.header)
-            return None
-        if self.state is not BrokerState.SHUTTING_DOWN:
-            running = not response.is_fenced
-            self._set_state(BrokerState.RUNNING if running else BrokerState.FENCED)
         return response
 
     def _set_state(self, state: BrokerState) -> None:

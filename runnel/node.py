@@ -14,8 +14,13 @@ metadata log through one ``RaftNode`` with a ``MetadataStateMachine``:
   (``broker.replica_read``; "not serving yet" until the logs are open).
 
 SIGTERM (or SIGINT) is a controlled shutdown: a broker asks the controller to move its
-leaderships away first; a controller that leads resigns so the others elect at once.
-SIGKILL is safe: every acknowledged metadata record is fsynced on a majority.
+leaderships away first; a controller that leads resigns so the others elect at once. A second
+signal skips what is left of the controlled shutdown: the node goes on to close its logs and
+Raft at once. SIGKILL is safe: every acknowledged metadata record is fsynced on a majority.
+
+A start that fails, whatever the reason (a port in use, a data directory that is a file, no
+controller to register with, not unfenced in time), logs one "cannot start: <reason>" line,
+stops whatever had started (so the logs it loaded close cleanly) and exits with status 1.
 """
 
 from __future__ import annotations
@@ -28,23 +33,29 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import uvloop
 
 from broker.context import BrokerSettings, ReplicationSettings
 from broker.fetch_session import SessionLimits
-from broker.lifecycle import BrokerLifecycle, BrokerState
+from broker.lifecycle import (
+    REGISTER_TIMEOUT_S,
+    BrokerLifecycle,
+    BrokerState,
+    RegistrationRefused,
+)
 from broker.replica_read import ReplicaManagerSource, ReplicaReadService
 from broker.runtime import CannotStart, KafkaBroker
-from controller.client import ControllerClient
+from controller.client import ControllerClient, ControllerUnavailable
 from controller.quorum import QuorumController
 from controller.service import ControllerService
 from controller.state_machine import MetadataStateMachine
 from proto import metadata_pb2 as mpb
 from raft.driver import RaftNode, RaftNodeConfig
 from raft.log_store import METADATA_LOG_DIR
-from raft.transport import GrpcTransport
+from raft.transport import GrpcTransport, TransportError
 from runnel.commands import EXIT_OK, EXIT_PROBLEM, CommandError, Subparsers, set_handler
 from runnel.config import REPLICATION_LISTENER, ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
@@ -178,15 +189,30 @@ class RunnelNode:
     async def start(self) -> None:
         if self.config.metrics_port is not None:
             host = self.transport.address.rpartition(":")[0]
-            serve_metrics(self, host, self.config.metrics_port)
+            try:
+                serve_metrics(self, host, self.config.metrics_port)
+            except OSError as e:
+                where = f"{host}:{self.config.metrics_port}"
+                raise CannotStart(f"metrics endpoint {where}: {e}") from e
         await self.transport.start()
         await self.raft.start()
         if self.lifecycle is not None:
-            await self.lifecycle.start()
+            try:
+                await self.lifecycle.start()
+            except TimeoutError:
+                raise CannotStart(f"not registered within {REGISTER_TIMEOUT_S:.0f} s") from None
         if self.kafka is not None and self.lifecycle is not None:
-            await self.lifecycle.wait_for(BrokerState.RUNNING, UNFENCE_TIMEOUT_S)
-            await self._until_unfenced_in_own_image()
-            await self.kafka.start(self.machine.image)
+            try:
+                await self.lifecycle.wait_for(BrokerState.RUNNING, UNFENCE_TIMEOUT_S)
+                await self._until_unfenced_in_own_image()
+            except TimeoutError:
+                raise CannotStart(f"not unfenced within {UNFENCE_TIMEOUT_S:.0f} s") from None
+            try:
+                await self.kafka.start(self.machine.image)
+            except OSError as e:  # a listener's port in use, most likely
+                servers = self.kafka.servers.items()
+                listening = ", ".join(f"{name} {x.host}:{x.port}" for name, x in servers)
+                raise CannotStart(f"starting the Kafka broker ({listening}): {e}") from e
         roles = ",".join(sorted(r.value for r in self.config.process_roles))
         _log.info("node %d started (%s) on %s", self.config.node_id, roles, self.transport.address)
 
@@ -204,33 +230,90 @@ class RunnelNode:
             while not unfenced():
                 await asyncio.sleep(0.02)
 
-    async def stop(self) -> None:
+    def skip_controlled_shutdown(self) -> None:
+        """The rest of a controlled shutdown (now or to come) is skipped: ``stop`` goes on to
+        close the logs and Raft at once."""
         if self.lifecycle is not None:
-            released = await self.lifecycle.shutdown(SHUTDOWN_TIMEOUT_S)
-            if not released:
-                _log.warning("node %d: controlled shutdown timed out", self.config.node_id)
+            self.lifecycle.skip_controlled_shutdown()
+
+    async def stop(self) -> None:
+        """Stop every part, started or not (a failed start stops what it had started); a
+        part that fails to stop is logged and the next one still stops."""
+        node_id = self.config.node_id
+        if self.lifecycle is not None:
+            await _stopping(
+                node_id, "the controlled shutdown", self.lifecycle.shutdown(SHUTDOWN_TIMEOUT_S)
+            )
         if self.kafka is not None:
-            await self.kafka.stop()
+            await _stopping(node_id, "stopping the broker", self.kafka.stop())
         if self.controller is not None:
-            await self.controller.close()
+            await _stopping(node_id, "closing the controller", self.controller.close())
         try:
             await self.raft.close()
         except StorageError as e:  # a failed data directory: recovered at the next start
-            _log.error("node %d: closing the metadata log failed: %s", self.config.node_id, e)
-        await self.transport.close()
+            _log.error("node %d: closing the metadata log failed: %s", node_id, e)
+        except Exception:
+            _log.exception("node %d: closing the metadata log failed", node_id)
+        await _stopping(node_id, "closing the Raft transport", self.transport.close())
         if self.client is not None:
-            await self.client.close()
-        _log.info("node %d stopped", self.config.node_id)
+            await _stopping(node_id, "closing the controller client", self.client.close())
+        _log.info("node %d stopped", node_id)
+
+
+async def _stopping(node_id: int, what: str, step: Awaitable[object]) -> None:
+    try:
+        await step
+    except Exception:  # a bug: said, and the node's other parts still stop
+        _log.exception("node %d: %s failed", node_id, what)
+
+
+# Start-up failures that are operating errors: their message says it all (traceback at DEBUG).
+_EXPECTED_START_ERRORS = (
+    CannotStart,
+    CommandError,
+    ControllerUnavailable,
+    OSError,  # a port in use, a data directory that is a file, ... (TimeoutError too)
+    RegistrationRefused,
+    StorageError,
+    TransportError,
+)
+
+
+def _log_cannot_start(node_id: int, error: BaseException) -> None:
+    reason = str(error) or type(error).__name__
+    if isinstance(error, _EXPECTED_START_ERRORS):
+        _log.error("node %d cannot start: %s", node_id, reason)
+        _log.debug("node %d: the start-up failure", node_id, exc_info=error)
+    else:
+        _log.error("node %d cannot start: %r", node_id, error, exc_info=error)
 
 
 async def serve(config: NodeConfig) -> int:
     """Run a node until SIGTERM / SIGINT (exit status 0) or a fatal error such as a failed
-    data directory (status 1); either way it shuts down under control."""
-    node = RunnelNode(config)
+    data directory or a failed start (status 1); either way it shuts down under control, and
+    a second signal skips the rest of the controlled shutdown."""
+    try:
+        node = RunnelNode(config)
+    except Exception as e:  # nothing runs yet: nothing to stop
+        _log_cannot_start(config.node_id, e)
+        return EXIT_PROBLEM
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not stop.is_set():
+            _log.info("node %d: %s: shutting down under control", config.node_id, signum.name)
+            stop.set()
+            return
+        _log.warning(
+            "node %d: %s while stopping: skipping the rest of the controlled shutdown",
+            config.node_id,
+            signum.name,
+        )
+        node.skip_controlled_shutdown()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     fatal: list[str] = []
 
     def on_fatal(reason: str) -> None:
@@ -240,23 +323,9 @@ async def serve(config: NodeConfig) -> int:
     node.raft.on_fatal = on_fatal
     if node.kafka is not None:
         node.kafka.on_fatal = on_fatal
-    # A fatal error or a signal while starting (waiting to be unfenced, say, which a broker
-    # whose metadata log failed would do until its timeout) stops the start at once.
-    starting = asyncio.ensure_future(node.start())
-    stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    started = starting.done()
-    if started:
-        try:
-            starting.result()
-        except CannotStart as e:
-            fatal.append(str(e))
-            started = False
-    else:
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await starting  # its failure, if any, is the fatal error's consequence
+    if node.lifecycle is not None:
+        node.lifecycle.on_fatal = on_fatal
+    started, failure = await _start(node, stop)
     if started:
         print(f"ready node {config.node_id}", flush=True)
         await stop.wait()
@@ -265,7 +334,30 @@ async def serve(config: NodeConfig) -> int:
         what = "stopped after a fatal error" if started else "cannot start"
         _log.critical("node %d %s: %s", config.node_id, what, fatal[0])
         return EXIT_PROBLEM
+    if failure is not None:
+        _log_cannot_start(config.node_id, failure)
+        return EXIT_PROBLEM
     return EXIT_OK
+
+
+async def _start(node: RunnelNode, stop: asyncio.Event) -> tuple[bool, BaseException | None]:
+    """Start ``node``: (started, why not). A fatal error or a signal meanwhile (``stop``)
+    ends the start at once (waiting to be unfenced, say, which a broker whose metadata log
+    failed would do until its timeout): not started, and its failure, if any, is the fatal
+    error's consequence."""
+    starting = asyncio.ensure_future(node.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+        await asyncio.wait({starting, stopping})
+    if starting.cancelled():
+        return False, None
+    failure = starting.exception()
+    return failure is None, failure
 
 
 def configure_logging(node_id: int) -> None:
