@@ -271,9 +271,14 @@ class _Session:
                 partitions[key] = _Cached(position)
                 unwatched[key] = None
             else:
-                cached.position = position
                 if quiet:
                     self.unwatch(key)
+                if cached.position.current_leader_epoch != position.current_leader_epoch:
+                    # Followed anew: an answer the client dropped meanwhile may have marked
+                    # offsets heard that it never took; it hears them all again.
+                    partitions[key] = _Cached(position)
+                else:
+                    cached.position = position
         for key in forgotten:
             if partitions.pop(key, None) is not None:
                 watch = quiet.pop(key, None)

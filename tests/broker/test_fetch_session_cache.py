@@ -248,6 +248,21 @@ def test_after_a_diverging_epoch_the_high_watermark_is_said_again() -> None:
     assert answered(cache.begin(request(session, 3), 0), [QUIET]).include == (False,)
 
 
+def test_a_partition_followed_anew_hears_its_offsets_again() -> None:
+    """The follower drops an answer for a partition it follows anew meanwhile (another
+    leader epoch), HW included; the session must not count that HW as heard, or an idle
+    partition would leave the follower's HW stale until the HW moves again."""
+    cache = make_cache()
+    session = open_session(cache, {A: at(10)})  # heard HW 10 at leader epoch 0
+    moved = News(0, 12, 12, 0)
+    assert answered(cache.begin(request(session, 1), 0), [moved]).include == (True,)
+    # The follower dropped that answer (followed anew at epoch 1) and names the partition.
+    again = FetchPosition(10, 0, 1, 0, 1 << 20)
+    named = cache.begin(request(session, 2, {A: again}), 0)
+    assert answered(named, [moved]).include == (True,)  # HW 12 said again
+    assert answered(cache.begin(request(session, 3), 0), [moved]).include == (False,)
+
+
 def test_answered_partitions_move_to_the_end_of_the_session() -> None:
     cache = make_cache()
     session = open_session(cache, {A: at(10), B: at(10), C: at(10)})
