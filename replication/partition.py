@@ -118,6 +118,7 @@ CommitCallback = Callable[[ReplicationError | None], None]
 # Sends a proposed ISR to the controller; False when it could not be sent now.
 IsrProposer = Callable[["Partition", tuple[int, ...]], bool]
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000  # Kafka's replica.lag.time.max.ms
+MAX_UNEXPOSED_ENTRIES = 1024  # appends remembered until the HW passes them (bytes told)
 
 
 class QuietWatch(Protocol):
@@ -303,7 +304,8 @@ class Partition:
         self._quiet: dict[int, QuietWatch] = {}
         # acks=-1 appends waiting for the HW: (offset it must reach, callback), in order.
         self._waiting: deque[tuple[int, CommitCallback]] = deque()
-        # Appended bytes not yet below the HW: (log end after the append, bytes), in order.
+        # Appended bytes not yet below the HW: (log end after the append, bytes), in order;
+        # at most MAX_UNEXPOSED_ENTRIES (then the last entry takes the next appends).
         self._unexposed: deque[tuple[int, int]] = deque()
 
     def __repr__(self) -> str:
@@ -471,7 +473,12 @@ class Partition:
         except StorageError as e:
             raise from_storage_error(e) from e
         if not info.duplicate:
-            self._unexposed.append((self.log.log_end_offset, info.size_bytes))
+            end, size, unexposed = self.log.log_end_offset, info.size_bytes, self._unexposed
+            if len(unexposed) >= MAX_UNEXPOSED_ENTRIES:
+                # The HW is stuck (a follower gone, no controller to shrink the ISR): the
+                # last entry grows instead of the queue; its bytes are told a little later.
+                size += unexposed.pop()[1]
+            unexposed.append((end, size))
             for listener in self.on_log_append:
                 listener(self.key, info.size_bytes)
         self._maybe_advance_high_watermark()

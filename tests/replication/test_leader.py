@@ -14,6 +14,7 @@ from support import FakeClock, make_batch
 
 from controller.image import PartitionState
 from replication import errors
+from replication import partition as partition_module
 from replication.errors import ReplicationError
 from replication.partition import Partition
 from storage.config import LogConfig
@@ -419,3 +420,21 @@ def test_a_replica_that_caught_up_before_leading_says_nothing(
         assert said == [] and log.committed_end_before_crash is None
     finally:
         log.abandon()
+
+
+def test_bytes_appended_while_the_hw_is_stuck_are_remembered_in_bounded_memory(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the HW stuck (a follower that stopped fetching, no controller to shrink the ISR)
+    the leader kept one entry per append; now at most MAX_UNEXPOSED_ENTRIES, and every byte
+    is still told to the consumers' purgatory once the HW passes it."""
+    monkeypatch.setattr(partition_module, "MAX_UNEXPOSED_ENTRIES", 4)
+    sizes = []
+    for i in range(10):
+        info, _ = leader.append(b"v%d" % i, acks=1)
+        sizes.append(info.size_bytes)
+    assert len(leader.partition._unexposed) == 4
+    leader.fetch(2, 10)
+    leader.fetch(3, 10)
+    assert leader.partition.high_watermark == 10
+    assert sum(leader.exposed) == sum(sizes) and not leader.partition._unexposed
