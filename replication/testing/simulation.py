@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import random
 import shutil
@@ -84,12 +85,12 @@ from typing import NamedTuple, NoReturn
 
 from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
-from replication.partition import Partition, Role
+from replication.partition import CommitCallback, Partition, Role
 from replication.testing.power_loss import lose_page_cache
 from storage.batch import BatchHeader
 from storage.config import LogConfig
 from storage.loader import load_log
-from storage.log import Log
+from storage.log import AppendInfo, Log
 from storage.records import RecordInput, build_batch, iter_decoded
 
 __all__ = [
@@ -168,6 +169,10 @@ class SimConfig:
     # broker.testing.SessionSimulation (broker.testing.run_seed). False, the default,
     # fetches each partition on its own, as before sessions were simulated
     fetch_sessions: bool = False
+    # the produce handler asks for an acks=-1 append's commit a loop turn after the append
+    # (broker/handlers/produce.py): here up to this many ms later, so that ISR changes land
+    # in between. 0, the default, asks at once and leaves every seed's history as it was
+    produce_commit_delay_max_ms: int = 0
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -552,6 +557,7 @@ class Deliver:
 HEARTBEAT, SHRINK, CHECKPOINT = "heartbeat", "shrink", "checkpoint"
 FETCH, FETCH_TIMEOUT, POLL_EXPIRE, ALTER_TIMEOUT = "fetch", "fetch-timeout", "poll", "alter-to"
 ALTER_RETRY = "alter-retry"
+COMMIT = "commit"  # an acks=-1 append's commit asked for, produce_commit_delay_max_ms later
 # AlterPartition refusals that end a proposal (broker/alter_partition.py): checked at the
 # epochs the leader holds, nothing written. Any other outcome leaves it pending, sent again.
 REFUSED_FOR_GOOD = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
@@ -682,6 +688,7 @@ class Simulation:
         self.queue: list[tuple[int, int, Event]] = []
         self.seq = 0
         self.ids = 0
+        self.deferred_commits: dict[int, Callable[[], None]] = {}  # by timer token
         self.result = SimResult(seed)
         self.trace: deque[tuple[int, str, object]] = deque(maxlen=config.trace_len)
         self.full_trace: list[str] | None = None
@@ -1062,6 +1069,8 @@ class Simulation:
             self._alter_unanswered(broker, timer.token, "no answer")
         elif timer.kind == ALTER_RETRY:
             self._alter_again(broker, timer.pid, timer.token)
+        elif timer.kind == COMMIT:
+            self.deferred_commits.pop(timer.token)()
 
     def _heartbeat(self, broker: SimBroker) -> None:
         if broker.broker_epoch < 0:
@@ -1249,10 +1258,36 @@ class Simulation:
 
         def committed(error: ReplicationError | None) -> None:
             if error is None:
+                self._check_enough_replicas(broker, req.pid)
                 self._acknowledge(broker, req, info.first_offset, epoch)
             self._reply(msg, ProduceResp(req.pid, NO_ERROR if error is None else error.code))
 
-        partition.await_commit(info, committed)
+        delay_max_ms = self.config.produce_commit_delay_max_ms
+        if delay_max_ms > 0:
+            token = self._next_id()
+            self.deferred_commits[token] = functools.partial(
+                self._await_commit, partition, info, committed
+            )
+            at = self.now + self.rng.randint(0, delay_max_ms)
+            self._timer(broker, at, COMMIT, req.pid, token)
+        else:
+            partition.await_commit(info, committed)
+
+    @staticmethod
+    def _await_commit(partition: Partition, info: AppendInfo, committed: CommitCallback) -> None:
+        partition.await_commit(info, committed)  # what it returns (forget) is not needed here
+
+    def _check_enough_replicas(self, broker: SimBroker, pid: int) -> None:
+        """Kafka's rule for an acks=-1 acknowledgement: the leader's ISR (the larger set
+        while a change is pending) holds at least min.insync.replicas members."""
+        p = broker.partitions[pid]
+        maximal = set(p.isr) | set(p.pending_isr or ())
+        if len(maximal) < self.config.min_insync_replicas:
+            self._fail(
+                f"b{broker.broker_id} acknowledges a write to p{pid} with the ISR {p.isr} "
+                f"(pending {p.pending_isr}), below min.insync.replicas "
+                f"{self.config.min_insync_replicas}"
+            )
 
     def _acknowledge(self, broker: SimBroker, req: ProduceReq, first: int, epoch: int) -> None:
         acked = self.acked[req.pid]
