@@ -75,8 +75,7 @@ def load_log(
     ``jitter_seed``: see :class:`Log` (tests; None seeds from the operating system)."""
     new_directory = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    first_cleaned = _first_cleaned_offset(directory)  # before the leftovers go
-    _remove_leftovers(directory)
+    first_cleaned = _remove_leftovers(directory)
     _complete_swaps(directory, first_cleaned)
     epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
     segments = _open_segments(directory, config, clock())
@@ -167,26 +166,23 @@ def load_log(
     return log
 
 
-def _remove_leftovers(directory: Path) -> None:
+def _remove_leftovers(directory: Path) -> int | None:
+    """Delete the leftovers of interrupted operations; the lowest base offset a ``.cleaned``
+    one named (an unfinished compaction output), or None (``_complete_swaps`` needs it)."""
+    first_cleaned: int | None = None
     for path in directory.iterdir():
         if path.name.endswith(_LEFTOVER_SUFFIXES):
+            match = _OFFSET_PREFIX.match(path.name)
+            if path.name.endswith(_CLEANED_SUFFIX) and match is not None:
+                offset = int(match.group(1))
+                first_cleaned = offset if first_cleaned is None else min(first_cleaned, offset)
             path.unlink()
+    return first_cleaned
 
 
 def swap_file_name(base_offset: int, end_offset: int) -> str:
     """Name of a finished compaction output replacing segments with bases in [base, end)."""
     return f"{base_offset:020d}.{end_offset:020d}{LOG_SUFFIX}{SWAP_SUFFIX}"
-
-
-def _first_cleaned_offset(directory: Path) -> int | None:
-    """The lowest base offset named by a ``.cleaned`` file (an unfinished compaction
-    output), or None."""
-    offsets = []
-    for path in directory.glob(f"*{_CLEANED_SUFFIX}"):
-        match = _OFFSET_PREFIX.match(path.name)
-        if match is not None:
-            offsets.append(int(match.group(1)))
-    return min(offsets, default=None)
 
 
 def _complete_swaps(directory: Path, first_cleaned: int | None) -> None:
