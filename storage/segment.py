@@ -74,17 +74,15 @@ class FileHandle:
 class _ClosedHandle(FileHandle):
     __slots__ = ()
 
-    def __init__(self, path: Path) -> None:  # opens nothing
+    def __init__(self, path: Path) -> None:  # opens nothing, so has nothing to close
         self.path = path
-        self._finalizer = weakref.finalize(self, _not_open, -1)
 
     @property
     def fd(self) -> int:  # type: ignore[override]
         raise OSError(errno.EBADF, f"{self.path}: the segment is closed")
 
-
-def _not_open(fd: int) -> None:
-    """The finalizer of a closed stand-in: there is no descriptor to close."""
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
