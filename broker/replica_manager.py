@@ -75,7 +75,7 @@ from pathlib import Path
 
 from broker.awaited_followers import AwaitedFollowers
 from broker.purgatory import FetchPurgatory
-from controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS, topic_log_config
+from controller.configs import TOPIC_CONFIGS, broker_entries_as_topic, topic_log_config
 from controller.image import MetadataImage, PartitionState, TopicImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
@@ -189,12 +189,8 @@ def topic_settings(
     """The settings of ``topic``'s partitions on ``broker_id`` (module doc: the layers).
     Entries that do not parse (a newer controller's, or no longer valid over these
     defaults) are logged and the defaults used instead."""
-    entries: dict[str, str] = {}
-    for resource in (_CLUSTER_DEFAULT, str(broker_id)):
-        for name, value in image.configs.get((_BROKER, resource), {}).items():
-            topic_name = BROKER_CONFIGS.get(name)
-            if topic_name is not None:
-                entries[topic_name] = value
+    entries = broker_entries_as_topic(image, _CLUSTER_DEFAULT)
+    entries.update(broker_entries_as_topic(image, str(broker_id)))
     entries.update(image.configs.get((_TOPIC, topic), {}))
     known = {k: v for k, v in entries.items() if k in TOPIC_CONFIGS}
     try:

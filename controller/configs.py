@@ -68,6 +68,7 @@ from storage.config import LogConfig
 
 __all__ = [
     "BROKER_CONFIGS",
+    "broker_entries_as_topic",
     "PRODUCER_ID_BLOCK_SIZE",
     "TOPIC_CONFIGS",
     "allocate_producer_ids",
@@ -241,6 +242,13 @@ def topic_log_config(entries: Mapping[str, str], log_defaults: LogConfig) -> Log
         return replace(log_defaults, **changes)
     except ValueError as e:
         raise DecisionError(cpb.INVALID_CONFIG, f"configs {dict(entries)}: {e}") from None
+
+
+def broker_entries_as_topic(image: MetadataImage, resource: str) -> dict[str, str]:
+    """A broker resource's dynamic configs ("" cluster-wide, or a broker id) under the names
+    of the topic configs they are the defaults of."""
+    entries = image.configs.get((int(ConfigResourceType.BROKER), resource), {})
+    return {BROKER_CONFIGS[n]: v for n, v in entries.items() if n in BROKER_CONFIGS}
 
 
 def describe_topic_configs(

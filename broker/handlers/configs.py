@@ -23,7 +23,12 @@ from broker.handlers.admin import wait_for_image
 from broker.handlers.common import Reply
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
-from controller.configs import BROKER_CONFIGS, canonical_value, describe_topic_configs
+from controller.configs import (
+    BROKER_CONFIGS,
+    broker_entries_as_topic,
+    canonical_value,
+    describe_topic_configs,
+)
 from controller.elections import UNCLEAN_CONFIG
 from controller.image import MetadataImage
 from controller.records import ConfigResourceType
@@ -56,8 +61,8 @@ def _topic_configs(context: BrokerContext, image: MetadataImage, name: str) -> l
     entries = image.configs.get((TOPIC, name), {})
     described = describe_topic_configs(entries, context.settings.log_defaults)
     layers = (  # the dynamic broker configs, as topic configs: the nearest first
-        (DYNAMIC_BROKER, _as_topic(image, str(context.settings.broker_id))),
-        (DYNAMIC_DEFAULT_BROKER, _as_topic(image, "")),
+        (DYNAMIC_BROKER, broker_entries_as_topic(image, str(context.settings.broker_id))),
+        (DYNAMIC_DEFAULT_BROKER, broker_entries_as_topic(image, "")),
     )
     out = []
     for n, v, own in described:
@@ -69,12 +74,6 @@ def _topic_configs(context: BrokerContext, image: MetadataImage, name: str) -> l
                     break
         out.append(_entry(n, v, source))
     return out
-
-
-def _as_topic(image: MetadataImage, resource: str) -> dict[str, str]:
-    """A broker resource's dynamic configs under the names of the topic configs they set."""
-    entries = image.configs.get((BROKER, resource), {})
-    return {BROKER_CONFIGS[n]: v for n, v in entries.items() if n in BROKER_CONFIGS}
 
 
 def _default_source(name: str, value: str) -> int:
