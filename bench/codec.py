@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from bench.common import REPO, git_state, verdict, work_dir
 from broker.protocol import (
@@ -53,7 +53,7 @@ from broker.protocol.codegen import layout
 from broker.protocol.decode import as_view, struct_decoder
 from broker.protocol.schema import FIXED_FORMATS, RECORDS, STRING, Array, Struct
 from broker.protocol.values import value_class
-from broker.protocol.wire import Part, read_uvarint
+from broker.protocol.wire import read_uvarint
 
 KIB = 1024
 PRODUCE_PARTITIONS = 10
@@ -170,13 +170,9 @@ def _kafka_python_class(api_key: int, request: bool) -> Any:
 
 
 def joined(parts: Sequence[Any]) -> bytes:
-    return b"".join(bytes(p) if not hasattr(p, "fd") else p.read() for p in parts)
-
-
-def contiguous(parts: list[Part]) -> bytes:
-    """In-memory parts (no file region) as one bytes object, one copy: what a sender without
+    """The parts as one bytes object, one copy (a file region read): what a sender without
     ``writev`` needs, and what kafka-python's ``encode`` returns."""
-    return b"".join(cast(list[bytes | bytearray | memoryview], parts))
+    return b"".join(p.read() if hasattr(p, "fd") else p for p in parts)
 
 
 # --- closure decoder (the alternative to generated source) -----------------------------
@@ -318,7 +314,7 @@ def encode_pair(
     return pair(
         label,
         "kafka-python",
-        lambda: contiguous(encode_response(header, value)),
+        lambda: joined(encode_response(header, value)),
         lambda: message.encode(version=version),
         rounds,
         seconds,
