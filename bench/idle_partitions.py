@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, git_state, work_dir
-from bench.kafka_load import METADATA_VERSION, Connection, partition_leaders
-from bench.produce_consume_cluster import RunnelCluster
+from bench.kafka_load import Connection, partition_leaders
+from bench.produce_consume_cluster import RunnelCluster, partition_states
 from bench.produce_consume_procs import cpu_seconds
 from broker.protocol import ApiKey
 from runnel.local_cluster import Port
@@ -56,17 +56,6 @@ def fetches_served(cluster: RunnelCluster, broker: int) -> int:
     return 0
 
 
-def partition_replicas(conn: Connection, topic: str) -> dict[int, tuple[int, ...]]:
-    """Partition -> its replicas, from a Metadata request."""
-    response = conn.call(
-        ApiKey.METADATA,
-        METADATA_VERSION,
-        {"topics": [{"name": topic}], "allow_auto_topic_creation": False},
-    )
-    (found,) = response.topics
-    return {p.partition_index: tuple(p.replica_nodes) for p in found.partitions}
-
-
 def run_one(
     cluster: RunnelCluster, topic: str, partitions: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -75,7 +64,7 @@ def run_one(
     conn = Connection.connect(cluster.bootstrap)
     try:
         leaders = partition_leaders(conn, topic)
-        replicas = partition_replicas(conn, topic)
+        replicas = {p.partition: p.replicas for p in partition_states(conn, topic)}
     finally:
         conn.close()
     leader = leaders[0]
