@@ -51,7 +51,7 @@ LOAD_EXTRA_S = 60.0
 def fetches_served(cluster: RunnelCluster, broker: int) -> int:
     """The broker's count of Fetch requests so far (its Prometheus endpoint)."""
     for line in cluster.metrics_text(broker).splitlines():
-        if line.startswith("runnel_kafka_requests_by_api{") and FETCH_KEY in line:
+        if line.startswith("runnel_kafka_requests_served_total{") and FETCH_KEY in line:
             return int(float(line.rsplit(" ", 1)[1]))
     return 0
 

@@ -41,7 +41,7 @@ SURVIVOR, PAUSED = 101, 102
 
 
 def metric(cluster: RunnelCluster, broker: int, name: str) -> float:
-    """A gauge from the broker's Prometheus endpoint (0 if absent)."""
+    """A figure from the broker's Prometheus endpoint (0 if absent)."""
     prefix = f"runnel_kafka_{name}{{"
     for line in cluster.metrics_text(broker).splitlines():
         if line.startswith(prefix):
@@ -82,8 +82,8 @@ def run_one(cluster: RunnelCluster, topic: str, partitions: int) -> dict[str, An
             paused_at = time.monotonic()
             wait("the ISRs shrunk", lambda: full_isrs(conn, topic) == 0, FENCE_TIMEOUT_S, cluster)
             shrunk_s = time.monotonic() - paused_at
-            requests0 = metric(cluster, SURVIVOR, "isr_change_requests")
-            changes0 = metric(cluster, SURVIVOR, "isr_changes_proposed")
+            requests0 = metric(cluster, SURVIVOR, "isr_change_requests_total")
+            changes0 = metric(cluster, SURVIVOR, "isr_changes_proposed_total")
         finally:
             os.kill(pid, signal.SIGCONT)
         resumed, first = time.monotonic(), None
@@ -103,9 +103,11 @@ def run_one(cluster: RunnelCluster, topic: str, partitions: int) -> dict[str, An
         "first_rejoined_s": round(rejoin_s if first is None else first, 3),
         "all_rejoined_s": round(rejoin_s, 3),
         "alter_partition_requests": int(
-            metric(cluster, SURVIVOR, "isr_change_requests") - requests0
+            metric(cluster, SURVIVOR, "isr_change_requests_total") - requests0
         ),
-        "isr_changes_proposed": int(metric(cluster, SURVIVOR, "isr_changes_proposed") - changes0),
+        "isr_changes_proposed": int(
+            metric(cluster, SURVIVOR, "isr_changes_proposed_total") - changes0
+        ),
     }
 
 

@@ -7,6 +7,21 @@ reads the node's current state (Raft role, epoch, high watermark, the image, the
 lifecycle state) each time Prometheus scrapes, so a node without a scraper pays nothing. The
 image digest is computed per scrape (a pass over the whole image: fine for thousands of
 partitions; a large cluster would want it cached per offset).
+
+Types follow Prometheus's naming conventions (prometheus.io/docs/practices/naming). A count
+since start-up (the attributes the node bumps, read per scrape; a restart resets them) is a
+counter named ``..._total``, bytes with the unit before it; a value "now" is a gauge. The
+counters, all ``runnel_kafka_``: ``connections_accepted_total``, ``connections_refused_total``,
+``connections_closed_total``, ``requests_received_total`` (label ``listener``),
+``requests_served_total`` (label ``api_key``), ``received_bytes_total``, ``sent_bytes_total``,
+``replica_fetches_total``, ``replica_full_fetches_total``,
+``replica_fetch_session_errors_total``, ``replica_appended_bytes_total``,
+``replica_truncations_total``, ``replica_metadata_rests_total``,
+``isr_changes_proposed_total``, ``isr_changes_refused_total``, ``isr_change_requests_total``,
+``fetch_session_evictions_total`` and ``fetch_session_expirations_total``. Everything else is
+a gauge. prometheus_client names a counter's family without ``_total`` and its samples with
+it; the classic text format prints ``# TYPE`` with ``_total``, OpenMetrics without (and a
+``# UNIT bytes`` line for the byte counters).
 """
 
 from __future__ import annotations
@@ -16,7 +31,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -41,7 +61,7 @@ class NodeCollector(Collector):
     def __init__(self, node: RunnelNode) -> None:
         self.node = node
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         node, raft = self.node, self.node.raft
         labels = ["node_id"]
         node_id = str(node.config.node_id)
@@ -103,48 +123,33 @@ class NodeCollector(Collector):
             yield from _kafka_metrics(node, node_id)
 
 
-def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily]:
-    """The Kafka listener and the partitions held here (plain attribute reads)."""
+def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[Metric]:
+    """The Kafka listeners and the partitions held here (plain attribute reads)."""
     kafka = node.kafka
     if kafka is None:
         return
     servers, labels = list(kafka.servers.values()), ["node_id"]
+    yield _gauge(
+        "runnel_kafka_connections_open", "Client connections open now", labels, node_id,
+        sum(server.connections_open for server in servers),
+    )  # fmt: skip
     for name, doc, attribute in (
-        ("connections_open", "Client connections open now", "connections_open"),
-        ("connections_accepted", "Client connections accepted so far", "connections_accepted"),
-        (
-            "connections_refused",
-            "Client connections closed at once so far: max_connections were open",
-            "connections_refused",
-        ),
-        ("connections_closed", "Client connections closed so far", "connections_closed"),
-        ("requests_received", "Kafka requests received so far", "requests_received"),
-        ("bytes_received", "Bytes read from clients so far", "bytes_received"),
-        ("bytes_sent", "Bytes sent to clients so far (sendfile included)", "bytes_sent"),
-    ):  # every Kafka listener's together
+        ("connections_accepted_total", "Client connections accepted so far",
+         "connections_accepted"),
+        ("connections_refused_total",
+         "Client connections closed at once so far: max_connections were open",
+         "connections_refused"),
+        ("connections_closed_total", "Client connections closed so far", "connections_closed"),
+        ("received_bytes_total", "Bytes read from clients so far", "bytes_received"),
+        ("sent_bytes_total", "Bytes sent to clients so far (sendfile included)", "bytes_sent"),
+    ):  # every Kafka listener's together  # fmt: skip
         value = sum(getattr(server, attribute) for server in servers)
-        yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
+        yield _counter(f"runnel_kafka_{name}", doc, labels, node_id, value)
     yield _gauge(
         "runnel_kafka_fetches_waiting", "Fetches parked for data now", labels, node_id,
         kafka.purgatory.waiting,
     )  # fmt: skip
-    by_listener = GaugeMetricFamily(
-        "runnel_kafka_requests_by_listener", "Kafka requests received so far, by listener",
-        labels=[*labels, "listener"],
-    )  # fmt: skip
-    for listener, server in kafka.servers.items():
-        by_listener.add_metric([node_id, listener], float(server.requests_received))
-    yield by_listener
-    by_api = GaugeMetricFamily(
-        "runnel_kafka_requests_by_api", "Kafka requests served so far, by API key",
-        labels=[*labels, "api_key"],
-    )  # fmt: skip
-    counts: Counter[int] = Counter()
-    for dispatcher in kafka.dispatchers.values():
-        counts.update(dispatcher.requests_by_api)
-    for api_key, count in sorted(counts.items()):
-        by_api.add_metric([node_id, str(api_key)], float(count))
-    yield by_api
+    yield from _request_metrics(kafka, labels, node_id)
     try:
         partitions = kafka.replicas.partitions()
     except RuntimeError:  # the event loop changed the set while this thread walked it
@@ -157,56 +162,104 @@ def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[GaugeMetricFamily
     yield from _replication_metrics(kafka, leaders, labels, node_id)
 
 
+def _request_metrics(kafka: KafkaBroker, labels: list[str], node_id: str) -> Iterator[Metric]:
+    """Requests by listener (summed over the label: all received) and by API key."""
+    by_listener = CounterMetricFamily(
+        "runnel_kafka_requests_received_total", "Kafka requests received so far, by listener",
+        labels=[*labels, "listener"],
+    )  # fmt: skip
+    for listener, server in kafka.servers.items():
+        by_listener.add_metric([node_id, listener], float(server.requests_received))
+    yield by_listener
+    by_api = CounterMetricFamily(
+        "runnel_kafka_requests_served_total",
+        "Kafka requests passed to their API's handler so far (unsupported ones not), by API key",
+        labels=[*labels, "api_key"],
+    )
+    counts: Counter[int] = Counter()
+    for dispatcher in kafka.dispatchers.values():
+        counts.update(dispatcher.requests_by_api)
+    for api_key, count in sorted(counts.items()):
+        by_api.add_metric([node_id, str(api_key)], float(count))
+    yield by_api
+
+
 def _replication_metrics(
     kafka: KafkaBroker, leaders: list[Partition], labels: list[str], node_id: str
-) -> Iterator[GaugeMetricFamily]:
+) -> Iterator[Metric]:
     """Kafka's UnderReplicatedPartitions and UnderMinIsrPartitions (of the partitions led
     here), the followers' fetchers, the fetch sessions and the leaders' ISR proposals."""
     under = sum(1 for p in leaders if len(p.isr) < len(p.replicas))
     under_min = sum(1 for p in leaders if len(p.isr) < p.min_insync_replicas)
-    fetchers = list(kafka.fetchers.fetchers.values())
     sessions = kafka.context.fetch_sessions
     for name, doc, value in (
         ("under_replicated_partitions", "Partitions led here whose ISR lacks a replica", under),
         ("under_min_isr_partitions", "Partitions led here below min.insync.replicas", under_min),
         ("partitions_following", "Partitions this broker fetches as a follower",
          kafka.fetchers.following()),
-        ("replica_fetches", "Follower fetches answered so far", sum(f.fetches for f in fetchers)),
-        ("replica_full_fetches", "Follower fetches sent in full (opening a fetch session) so far",
-         sum(f.full_fetches for f in fetchers)),
-        ("replica_fetch_session_errors", "Follower fetches refused for their session so far",
-         sum(f.session_errors for f in fetchers)),
-        ("replica_bytes_appended", "Bytes appended as a follower so far",
-         sum(f.bytes_appended for f in fetchers)),
-        ("replica_truncations", "Follower truncations (diverging epochs, out of range) so far",
-         sum(f.truncations for f in fetchers)),
-        ("replica_metadata_rests",
-         "Follower partitions rested briefly because the leader's metadata and ours disagreed",
-         sum(f.metadata_rests for f in fetchers)),
-        ("isr_changes_proposed", "ISR changes sent to the controller so far",
-         kafka.alter_partition.sent),
-        ("isr_changes_refused", "ISR changes the controller refused so far",
-         kafka.alter_partition.refused),
-        ("isr_change_requests", "AlterPartition requests (ISR changes batched) sent so far",
-         kafka.alter_partition.requests),
         ("fetch_sessions", "Fetch sessions (KIP-227) open here now", sessions.size),
         ("fetch_session_partitions", "Partitions cached in fetch sessions now",
          sessions.partitions),
         ("fetch_session_watched_partitions",
          "Partitions followers' fetch sessions watch as quiet now (their fetches skip them)",
          sessions.watched),
-        ("fetch_session_evictions", "Fetch sessions evicted to make room so far",
-         sessions.evictions),
-        ("fetch_session_expirations", "Fetch sessions dropped unused so far",
-         sessions.expirations),
     ):  # fmt: skip
         yield _gauge(f"runnel_kafka_{name}", doc, labels, node_id, value)
+    yield from _replication_counters(kafka, labels, node_id)
+
+
+def _replication_counters(kafka: KafkaBroker, labels: list[str], node_id: str) -> Iterator[Metric]:
+    """Counts since start-up: a fetcher (one per leader) lives until the broker stops, so
+    their sums never go down."""
+    fetchers = list(kafka.fetchers.fetchers.values())
+    sessions = kafka.context.fetch_sessions
+    for name, doc, value in (
+        ("replica_fetches_total", "Follower fetches answered so far",
+         sum(f.fetches for f in fetchers)),
+        ("replica_full_fetches_total",
+         "Follower fetches sent in full (opening a fetch session) so far",
+         sum(f.full_fetches for f in fetchers)),
+        ("replica_fetch_session_errors_total",
+         "Follower fetches refused for their session so far",
+         sum(f.session_errors for f in fetchers)),
+        ("replica_appended_bytes_total", "Bytes appended as a follower so far",
+         sum(f.bytes_appended for f in fetchers)),
+        ("replica_truncations_total",
+         "Follower truncations (diverging epochs, out of range) so far",
+         sum(f.truncations for f in fetchers)),
+        ("replica_metadata_rests_total",
+         "Follower partitions rested briefly so far because the leader's metadata and ours "
+         "disagreed", sum(f.metadata_rests for f in fetchers)),
+        ("isr_changes_proposed_total", "ISR changes sent to the controller so far",
+         kafka.alter_partition.sent),
+        ("isr_changes_refused_total", "ISR changes the controller refused so far",
+         kafka.alter_partition.refused),
+        ("isr_change_requests_total",
+         "AlterPartition requests (ISR changes batched) sent so far",
+         kafka.alter_partition.requests),
+        ("fetch_session_evictions_total", "Fetch sessions evicted to make room so far",
+         sessions.evictions),
+        ("fetch_session_expirations_total", "Fetch sessions dropped unused so far",
+         sessions.expirations),
+    ):  # fmt: skip
+        yield _counter(f"runnel_kafka_{name}", doc, labels, node_id, value)
 
 
 def _gauge(name: str, doc: str, labels: list[str], node_id: str, value: float) -> GaugeMetricFamily:
     gauge = GaugeMetricFamily(name, doc, labels=labels)
     gauge.add_metric([node_id], float(value))
     return gauge
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], node_id: str, value: float
+) -> CounterMetricFamily:
+    """``name`` ends in ``_total``: prometheus_client strips it from the family's name and
+    puts it on the sample's. A count of bytes ends in ``_bytes_total`` and declares its unit."""
+    unit = "bytes" if name.endswith("_bytes_total") else ""
+    counter = CounterMetricFamily(name, doc, labels=labels, unit=unit)
+    counter.add_metric([node_id], float(value))
+    return counter
 
 
 def serve_metrics(node: RunnelNode, host: str, port: int) -> None:

@@ -43,10 +43,54 @@ fetch_max_wait_ms = 100
     return path, controller, metrics
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+# Counts since start-up are counters (``_total``); values "now" stay gauges.
+COUNTERS = tuple(
+    f"runnel_kafka_{name}_total"
+    for name in (
+        "connections_accepted", "connections_refused", "connections_closed",
+        "requests_received", "requests_served", "received_bytes", "sent_bytes",
+        "replica_fetches", "replica_full_fetches", "replica_fetch_session_errors",
+        "replica_appended_bytes", "replica_truncations", "replica_metadata_rests",
+        "isr_changes_proposed", "isr_changes_refused", "isr_change_requests",
+        "fetch_session_evictions", "fetch_session_expirations",
+    )
+)  # fmt: skip
+GAUGES = (
+    "runnel_raft_epoch", "runnel_raft_role", "runnel_metadata_partitions",
+    "runnel_controller_active", "runnel_broker_state",
+    *(
+        f"runnel_kafka_{name}"
+        for name in (
+            "connections_open", "fetches_waiting", "partitions", "leaders",
+            "under_replicated_partitions", "under_min_isr_partitions", "partitions_following",
+            "fetch_sessions", "fetch_session_partitions", "fetch_session_watched_partitions",
+        )
+    ),
+)  # fmt: skip
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def scrape(port: int, accept: str | None = None) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if accept is not None:
+        request.add_header("Accept", accept)
+    with urllib.request.urlopen(request, timeout=5) as response:
         text: str = response.read().decode()
     return text
+
+
+def families(text: str, kind: str) -> dict[str, str]:
+    """``# TYPE`` or ``# HELP`` lines (``kind``): metric name -> the rest of the line."""
+    lines = (line.split(" ", 3) for line in text.splitlines() if line.startswith(f"# {kind} "))
+    return {name: rest for _, _, name, rest in lines}
+
+
+def assert_types(text: str) -> None:
+    types = families(text, "TYPE")
+    assert {name: types.get(name) for name in COUNTERS} == dict.fromkeys(COUNTERS, "counter")
+    assert {name: types.get(name) for name in GAUGES} == dict.fromkeys(GAUGES, "gauge")
+    so_far = [name for name, doc in families(text, "HELP").items() if "so far" in doc]
+    assert {name: types[name] for name in so_far} == dict.fromkeys(so_far, "counter")
 
 
 async def _until(done: Callable[[], bool], timeout_s: float = 10) -> None:
@@ -82,14 +126,23 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             )
             metrics = await asyncio.to_thread(scrape, metrics_port)
             assert 'runnel_kafka_leaders{node_id="1"} 2.0' in metrics
-            assert 'runnel_kafka_requests_received{node_id="1"} 0.0' in metrics
-            assert 'runnel_kafka_connections_refused{node_id="1"} 0.0' in metrics
-            assert 'runnel_kafka_connections_closed{node_id="1"} 0.0' in metrics
+            received = 'runnel_kafka_requests_received_total{listener="CLIENT",node_id="1"} 0.0'
+            assert received in metrics
+            assert 'runnel_kafka_connections_refused_total{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_connections_closed_total{node_id="1"} 0.0' in metrics
             # one broker, replication factor 1: full ISRs, nothing followed
             assert 'runnel_kafka_under_replicated_partitions{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_partitions_following{node_id="1"} 0.0' in metrics
-            assert 'runnel_kafka_replica_metadata_rests{node_id="1"} 0.0' in metrics
-            assert 'runnel_kafka_isr_changes_proposed{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_replica_metadata_rests_total{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_isr_changes_proposed_total{node_id="1"} 0.0' in metrics
+            assert_types(metrics)
+            # OpenMetrics (what Prometheus asks for first) names a counter's family without
+            # _total, its samples with it, and gives byte counters their unit
+            metrics = await asyncio.to_thread(scrape, metrics_port, OPENMETRICS)
+            assert "# TYPE runnel_kafka_received_bytes counter" in metrics
+            assert "# UNIT runnel_kafka_received_bytes bytes" in metrics
+            assert 'runnel_kafka_received_bytes_total{node_id="1"} 0.0' in metrics
+            assert "# TYPE runnel_kafka_fetch_sessions gauge" in metrics
         finally:
             await node.stop()  # controlled shutdown first
             await client.close()

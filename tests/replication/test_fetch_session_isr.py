@@ -52,7 +52,7 @@ def test_idle_followers_stay_in_the_isr_on_incremental_fetches(
 
     def sessions_opened() -> bool | None:
         now = {b: metrics(c, b) for b in rc.BROKERS}
-        full = all(now[b]["replica_full_fetches"] >= len(followed[b]) for b in rc.BROKERS)
+        full = all(now[b]["replica_full_fetches_total"] >= len(followed[b]) for b in rc.BROKERS)
         held = all(now[b]["fetch_sessions"] >= len(followers[b]) for b in leaders)
         return (full and held) or None
 
@@ -71,12 +71,12 @@ def test_idle_followers_stay_in_the_isr_on_incremental_fetches(
     c.note(f"{watched} ISR checks; metrics before {before}, after {after}")
     for broker in rc.BROKERS:
         was, now = before[broker], after[broker]
-        assert now["isr_changes_proposed"] == was["isr_changes_proposed"], broker
-        assert now["replica_full_fetches"] == was["replica_full_fetches"] >= 1, broker
-        assert now["replica_fetch_session_errors"] == 0, broker
+        assert now["isr_changes_proposed_total"] == was["isr_changes_proposed_total"], broker
+        assert now["replica_full_fetches_total"] == was["replica_full_fetches_total"] >= 1, broker
+        assert now["replica_fetch_session_errors_total"] == 0, broker
         # Idle: each fetch long-polls replica_fetch_wait_max_ms (500) and comes back empty,
         # and the follower kept fetching, incrementally (no full fetch, above).
-        assert now["replica_fetches"] > was["replica_fetches"], (broker, was, now)
+        assert now["replica_fetches_total"] > was["replica_fetches_total"], (broker, was, now)
     for leader in leaders:  # a session from each of its partitions' followers
         assert after[leader]["fetch_sessions"] >= 2, (leader, after[leader])
         # ... which watch its idle partitions: two followers of each partition it leads,

@@ -23,7 +23,9 @@ from runnel.local_cluster import ClusterSpec, Port
 INTERNAL = "INTERNAL"
 RECORDS = 300
 IDLE_S = 2.0  # followers long-poll every replica_fetch_wait_max_ms (500 ms) meanwhile
-_BY_LISTENER = re.compile(r'^runnel_kafka_requests_by_listener\{listener="(\w+)".*\} (\S+)$', re.M)
+_BY_LISTENER = re.compile(
+    r'^runnel_kafka_requests_received_total\{listener="(\w+)".*\} (\S+)$', re.M
+)
 
 
 def add_internal_listener(spec: ClusterSpec, only: int | None = None) -> dict[int, int]:
