@@ -14,6 +14,8 @@ such a request closes the connection, as Apache Kafka 4.0 does.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import struct
 from collections.abc import Awaitable, Mapping
@@ -21,7 +23,7 @@ from typing import Any, cast
 
 from broker.context import BrokerContext
 from broker.handlers import HANDLERS
-from broker.handlers.common import Handler, Response
+from broker.handlers.common import Handler, Response, then
 from broker.handlers.metadata import ADVERTISED_MIN_VERSION, supported_api_versions
 from broker.protocol import (
     API_SPECS,
@@ -68,6 +70,8 @@ class KafkaDispatcher:
         reply = handler(self.context, header, request)
         if reply is None or isinstance(reply, dict):
             return _encode(header, reply)
+        if isinstance(reply, asyncio.Future):  # chained, so that cancelling reaches it
+            return then(reply, functools.partial(_encode, header))
         return self._later(header, reply)
 
     async def _later(self, header: RequestHeader, reply: Awaitable[Response]) -> list[Part] | None:

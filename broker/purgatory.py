@@ -25,8 +25,9 @@ Until 2026-11-24 the purgatory offered a coroutine instead, which registered onl
 task first ran: an append in that gap left the fetch waiting its whole timeout with the
 data there. A waiter unregisters itself by a callback of its future, at the event loop's
 next turn after the future is done (woken, timed out or cancelled; ``waiting`` counts it
-until then, and feeding or waking it again does nothing), so one whose task is cancelled
-before it ever ran is gone by its timeout.
+until then, and feeding or waking it again does nothing). The fetch handler's answer is a
+future chained to the waiter's (``broker.handlers.common.then``), so a connection closed
+before the answer is computed cancels the waiter too.
 
 Limits: at most ``max_waiters`` parked fetches. One more is answered at once (as if it had
 timed out; the client simply fetches again), counted in ``overflows`` and logged, so a

@@ -5,14 +5,21 @@ How this works. A handler is a plain function ``(context, header, request) -> Re
 does its synchronous part at once (a log append happens before the next request of the
 connection is read) and returns the response as a dict for the codec, ``None`` (no response:
 acks=0) or an awaitable of either for work that waits (long-poll fetches, the controller).
+
+A reply that only waits for one future and then computes synchronously is best a future made
+by ``then``: nothing of it runs as a task, and cancelling it (the listener does when its
+connection closes) cancels what it waits for at once. A coroutine cancelled before its task
+first ran never runs at all, so whatever it registered before being returned stayed
+registered (a parked fetch, until its timeout: so it was until 2026-11-24).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.context import BrokerContext
 from broker.protocol import ErrorCode, RequestHeader
@@ -25,6 +32,7 @@ __all__ = [
     "Reply",
     "error_code_of",
     "lookup_partition",
+    "then",
     "topic_uuid",
 ]
 
@@ -34,6 +42,35 @@ Response = dict[str, Any] | None
 Reply = Response | Awaitable[Response]
 Handler = Callable[[BrokerContext, RequestHeader, Any], Reply]
 TOPIC_ID_ZERO = uuid.UUID(int=0)
+
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+
+
+def then(source: asyncio.Future[_T], compute: Callable[[_T], _U]) -> asyncio.Future[_U]:
+    """A future of ``compute(source's result)``, computed in ``source``'s done callback
+    (an exception of either is the new future's). Cancelling the new future cancels
+    ``source``; ``source`` cancelled cancels it."""
+    result: asyncio.Future[_U] = source.get_loop().create_future()
+
+    def settle(done: asyncio.Future[_T]) -> None:
+        if result.done():
+            return
+        if done.cancelled():
+            result.cancel()
+            return
+        try:
+            result.set_result(compute(done.result()))
+        except Exception as exc:
+            result.set_exception(exc)
+
+    def cancelled(done: asyncio.Future[_U]) -> None:
+        if done.cancelled():
+            source.cancel()
+
+    source.add_done_callback(settle)
+    result.add_done_callback(cancelled)
+    return result
 
 
 def lookup_partition(

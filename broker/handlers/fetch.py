@@ -48,7 +48,7 @@ from broker.fetch_session import (
     PartitionKey,
     SessionRequest,
 )
-from broker.handlers.common import Reply, error_code_of, lookup_partition
+from broker.handlers.common import Reply, Response, error_code_of, lookup_partition, then
 from broker.protocol import ErrorCode, RequestHeader
 from broker.purgatory import WakeReason
 from controller.image import MetadataImage
@@ -295,20 +295,25 @@ def _park(
     return purgatory.park(plan.keys, min_bytes, wait_ms, poke=poke, owner=owner)
 
 
-async def _long_poll(
+def _long_poll(
     context: BrokerContext,
     request: Any,
     session: FetchContext,
     plan: _Plan,
     parked: asyncio.Future[WakeReason],
-) -> dict[str, Any]:
-    await parked
-    # Look the replicas up again: one may have moved or gone while the request waited. Of
-    # the watched partitions, only those that changed meanwhile are looked at.
-    plan = _plan(context, request, session)
-    clock_ms = context.replicas.clock_ms
-    answers, _, _ = _read(plan, context.image(), clock_ms())
-    return _response(session, plan, answers, clock_ms())
+) -> asyncio.Future[Response]:
+    """The answer once ``parked`` is done: a future, not a coroutine, so that a connection
+    closed before it ran still unparks the fetch (``then``)."""
+
+    def answer(reason: WakeReason) -> Response:
+        # Look the replicas up again: one may have moved or gone while the request waited.
+        # Of the watched partitions, only those that changed meanwhile are looked at.
+        again = _plan(context, request, session)
+        clock_ms = context.replicas.clock_ms
+        answers, _, _ = _read(again, context.image(), clock_ms())
+        return _response(session, again, answers, clock_ms())
+
+    return then(parked, answer)
 
 
 def _response(

@@ -103,12 +103,16 @@ class DispatchLeader:
         self.proposals.append((partition.key, isr))
         return True
 
-    def send(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
-        """The reply: decoded now, or an awaitable of the decoded response."""
+    def handle(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        """The dispatcher's reply as the listener gets it: encoded parts, or an awaitable."""
         self.correlation_id += 1
         parts = encode_request(api_key, version, self.correlation_id, "test", body)
         frame = memoryview(b"".join(bytes(p) for p in parts))[4:]  # type: ignore[arg-type]
-        reply = self.dispatcher.handle(frame, CONNECTION)
+        return self.dispatcher.handle(frame, CONNECTION)
+
+    def send(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        """The reply: decoded now, or an awaitable of the decoded response."""
+        reply = self.handle(api_key, version, body)
         if inspect.isawaitable(reply):
             return _decoded_later(api_key, version, reply)
         return _decoded(api_key, version, reply)

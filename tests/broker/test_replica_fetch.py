@@ -128,6 +128,26 @@ def test_an_append_before_a_parked_fetch_first_runs_still_wakes_it(leader: Leade
     asyncio.run(main())
 
 
+def test_a_fetch_cancelled_before_it_ever_ran_unparks_at_once(leader: Leader) -> None:
+    """The listener makes the reply a future and cancels it when its connection closes,
+    which may happen in the same loop turn as the request (a bad frame right after it in
+    the same read). A coroutine cancelled before its task first ran never runs: the fetch it
+    had parked stayed parked until its max_wait_ms (up to fetch_max_wait_ms)."""
+    purgatory = leader.replicas.replica_purgatory
+    assert purgatory is not None
+
+    async def main() -> None:
+        body = leader.fetch_body({0: {"fetch_offset": 0}}, wait_ms=20_000)
+        reply = asyncio.ensure_future(leader.handle(ApiKey.FETCH, FETCH_V, body))  # as the listener
+        assert purgatory.waiting == 1
+        reply.cancel()  # as a connection closing in the same turn does
+        for _ in range(3):  # the cancellation's callbacks run within a few loop turns
+            await asyncio.sleep(0)
+        assert purgatory.waiting == 0
+
+    asyncio.run(main())
+
+
 def test_a_new_leader_wakes_its_followers_and_keeps_their_polls_short_until_they_fetch(
     leader: Leader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
