@@ -193,6 +193,12 @@ class RaftNode:
         self._fail_pending()
         await asyncio.to_thread(self._log.close)
 
+    def close_unstarted(self) -> None:
+        """Close the log of a node that was never started (what built it failed next)."""
+        if self._task is not None:
+            raise RuntimeError("close_unstarted on a started Raft node: use close")
+        self._log.close()
+
     # -- the API ---------------------------------------------------------------------------
     @property
     def role(self) -> str:

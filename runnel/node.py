@@ -21,6 +21,8 @@ Raft at once. SIGKILL is safe: every acknowledged metadata record is fsynced on 
 A start that fails, whatever the reason (a port in use, a data directory that is a file, no
 controller to register with, not unfenced in time), logs one "cannot start: <reason>" line,
 stops whatever had started (so the logs it loaded close cleanly) and exits with status 1.
+A node that cannot even be built (a part that fails after the Raft node opened the metadata
+log) closes that log before the error goes on.
 """
 
 from __future__ import annotations
@@ -89,11 +91,25 @@ class RunnelNode:
             snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
             snapshot_interval_ms=config.controller.metadata_snapshot_interval_ms,
         )
-        self.raft = RaftNode(raft_config, self.transport, self.machine)
+        self.raft = RaftNode(raft_config, self.transport, self.machine)  # opens the log
         self.controller: QuorumController | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.client: ControllerClient | None = None
         self.kafka: KafkaBroker | None = None
+        try:
+            self._build_roles()
+        except BaseException:
+            # Nobody holds this node to stop it: its metadata log (the one part open so far;
+            # the others open their sockets and logs in ``start``) is closed here.
+            try:
+                self.raft.close_unstarted()
+            except Exception:  # the error that stopped the construction is the one to see
+                _log.exception("node %d: closing the metadata log failed", config.node_id)
+            raise
+
+    def _build_roles(self) -> None:
+        """The controller's and the broker's parts, on top of the Raft node."""
+        config = self.config
         if self.is_controller:
             self.controller = QuorumController(self.raft, self.machine, config.controller)
             service = ControllerService(self.controller, self.voters, config.log)
@@ -294,7 +310,7 @@ async def serve(config: NodeConfig) -> int:
     a second signal skips the rest of the controlled shutdown."""
     try:
         node = RunnelNode(config)
-    except Exception as e:  # nothing runs yet: nothing to stop
+    except Exception as e:  # nothing runs yet, and what was open is closed: nothing to stop
         _log_cannot_start(config.node_id, e)
         return EXIT_PROBLEM
     stop = asyncio.Event()
