@@ -15,21 +15,37 @@ Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
 
     cleanup.policy             delete | compact | compact,delete   LogConfig.cleanup_policy
     delete.retention.ms        int >= 0                            delete_retention_ms
-    flush.messages             int >= 1, or -1                     flush_messages
-    flush.ms                   int >= 1, or -1                     flush_ms
+    flush.messages             int >= 1 (2**63-1: never)           flush_messages
+    flush.ms                   int >= 1 (2**63-1: never)           flush_ms
     index.interval.bytes       int >= 0                            index_interval_bytes
     max.message.bytes          int >= 61                           max_message_bytes
     message.timestamp.type     CreateTime | LogAppendTime          message_timestamp_type
     min.cleanable.dirty.ratio  0.0 .. 1.0                          min_cleanable_dirty_ratio
     min.compaction.lag.ms      int >= 0                            min_compaction_lag_ms
     min.insync.replicas        int >= 1                            (replication, not the log)
-    retention.bytes            int >= 0, or -1                     retention_bytes
+    retention.bytes            int >= 0, or any negative (-1)      retention_bytes
     retention.ms               int >= 0, or -1                     retention_ms
     segment.bytes              int >= 128                          segment_bytes
     segment.index.bytes        int >= 24                           segment_index_bytes
     segment.jitter.ms          int >= 0, below segment.ms          segment_jitter_ms
     segment.ms                 int >= 1                            segment_ms
     unclean.leader.election.enable  true | false                   (elections, not the log)
+
+The flush settings' "never" (None in LogConfig) reads as Kafka's default, 2**63-1; -1, which
+runnel once committed for it, is still read but no longer accepted in a request (Kafka wants
+at least 1). Any negative retention.bytes is committed as -1.
+
+Kafka topic configs runnel does not implement (``_FIXED``: compression.type, preallocate,
+max.compaction.lag.ms, the tiered-storage and throttling ones, ...) accept only the value that
+describes what runnel does (compression.type=producer: batches are stored as sent) and refuse
+any other with INVALID_CONFIG saying so; an accepted one is committed and described like any
+other. Names Kafka does not know are refused as unknown.
+
+APPEND and SUBTRACT (Kafka's IncrementalAlterConfigs ops 2 and 3, ``AlterConfigOp``'s) work
+on the list-typed configs (``_LISTS``) as in Kafka's ConfigurationControlManager: the current
+entry, else the default (``log_defaults``), split at commas, gains the values not yet in it or
+loses the given ones, and the result is checked as a SET. On any other config they are
+INVALID_CONFIG.
 
 Broker configs (resource name "" for the cluster-wide default, or a broker id): the broker-wide
 defaults of some topic configs, under Kafka's broker names:
@@ -106,15 +122,33 @@ def as_error_code(code: int) -> cpb.ErrorCode:
 # -- parsing one value -------------------------------------------------------------------------
 
 
-def _integer(maximum: int, *, minimum: int | None = None, unlimited: bool = False) -> Parse:
-    """Parses decimal text; -1 becomes None ("no limit") when ``unlimited``. Lower bounds of
-    LogConfig fields are left to LogConfig, so its message and ours cannot disagree."""
+def _no(value: int) -> bool:
+    return False
+
+
+def _minus_one(value: int) -> bool:
+    return value == -1
+
+
+def _negative(value: int) -> bool:
+    return value < 0
+
+
+def _minus_one_or_max(value: int) -> bool:
+    return value in (-1, _INT64_MAX)
+
+
+def _integer(
+    maximum: int, *, minimum: int | None = None, unlimited: Callable[[int], bool] = _no
+) -> Parse:
+    """Parses decimal text; a value ``unlimited`` holds for becomes None ("no limit"). Lower
+    bounds of LogConfig fields are left to LogConfig, so its message and ours cannot disagree."""
 
     def parse(text: str) -> int | None:
         if not _INTEGER.fullmatch(text):
             raise ValueError("not an integer")
         value = int(text)
-        if unlimited and value == -1:
+        if unlimited(value):
             return None
         if value > maximum:
             raise ValueError(f"above the maximum {maximum}")
@@ -152,9 +186,23 @@ def _boolean(text: str) -> bool:
     return text.lower() == "true"
 
 
-def _canonical(value: object) -> str:
+def _compression_type(text: str) -> str:
+    if text not in _COMPRESSION_TYPES:
+        raise ValueError(f"not one of {', '.join(_COMPRESSION_TYPES)}")
+    return text
+
+
+_COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")  # Kafka's
+
+
+def _list(text: str) -> str:
+    """A LIST config's items, stripped, empty ones dropped, joined by commas."""
+    return ",".join(part.strip() for part in text.split(",") if part.strip())
+
+
+def _canonical(value: object, unlimited: str = "-1") -> str:
     if value is None:
-        return "-1"
+        return unlimited
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, TimestampType):
@@ -169,27 +217,93 @@ def _canonical(value: object) -> str:
 class _Setting:
     field: str | None  # the LogConfig field it sets; None: not a log setting
     parse: Parse
+    unlimited: str = "-1"  # the text of None (no limit)
+    set_minimum: int | None = None  # a lower bound checked on new values only
+    only: str | None = None  # the one value runnel supports (a Kafka config it does not do)
+    why: str = ""  # why ``only``: what runnel does instead
 
+
+def _fixed(value: str, parse: Parse, why: str) -> _Setting:
+    return _Setting(None, parse, only=value, why=why)
+
+
+_NEVER = str(_INT64_MAX)  # Kafka's default of the flush settings
+_NO_TIERS = "runnel has no tiered storage"
+_FIXED: Mapping[str, _Setting] = {
+    "compression.type": _fixed(
+        "producer",
+        _compression_type,
+        "runnel stores batches as the producer compressed them",
+    ),
+    "compression.gzip.level": _fixed("-1", _integer(_INT32_MAX), "runnel never recompresses"),
+    "compression.lz4.level": _fixed("9", _integer(_INT32_MAX), "runnel never recompresses"),
+    "compression.zstd.level": _fixed("3", _integer(_INT32_MAX), "runnel never recompresses"),
+    "file.delete.delay.ms": _fixed(
+        "0", _integer(_INT64_MAX), "runnel unlinks a deleted segment's files at once"
+    ),
+    "follower.replication.throttled.replicas": _fixed(
+        "", _list, "runnel does not throttle replication"
+    ),
+    "leader.replication.throttled.replicas": _fixed(
+        "", _list, "runnel does not throttle replication"
+    ),
+    "local.retention.bytes": _fixed("-2", _integer(_INT64_MAX), _NO_TIERS),
+    "local.retention.ms": _fixed("-2", _integer(_INT64_MAX), _NO_TIERS),
+    "max.compaction.lag.ms": _fixed(
+        _NEVER, _integer(_INT64_MAX), "runnel's cleaner does not force compaction by age"
+    ),
+    "message.timestamp.after.max.ms": _fixed(
+        _NEVER, _integer(_INT64_MAX), "runnel does not check record timestamps"
+    ),
+    "message.timestamp.before.max.ms": _fixed(
+        _NEVER, _integer(_INT64_MAX), "runnel does not check record timestamps"
+    ),
+    "preallocate": _fixed("false", _boolean, "runnel does not preallocate segment files"),
+    "remote.log.copy.disable": _fixed("false", _boolean, _NO_TIERS),
+    "remote.log.delete.on.disable": _fixed("false", _boolean, _NO_TIERS),
+    "remote.storage.enable": _fixed("false", _boolean, _NO_TIERS),
+}
 
 TOPIC_CONFIGS: Mapping[str, _Setting] = {
     "cleanup.policy": _Setting("cleanup_policy", _cleanup_policy),
     "delete.retention.ms": _Setting("delete_retention_ms", _integer(_INT64_MAX)),
-    "flush.messages": _Setting("flush_messages", _integer(_INT64_MAX, unlimited=True)),
-    "flush.ms": _Setting("flush_ms", _integer(_INT64_MAX, unlimited=True)),
+    "flush.messages": _Setting(
+        "flush_messages",
+        _integer(_INT64_MAX, unlimited=_minus_one_or_max),
+        unlimited=_NEVER,
+        set_minimum=1,
+    ),
+    "flush.ms": _Setting(
+        "flush_ms",
+        _integer(_INT64_MAX, unlimited=_minus_one_or_max),
+        unlimited=_NEVER,
+        set_minimum=1,
+    ),
     "index.interval.bytes": _Setting("index_interval_bytes", _integer(_INT32_MAX)),
     "max.message.bytes": _Setting("max_message_bytes", _integer(_INT32_MAX)),
     "message.timestamp.type": _Setting("message_timestamp_type", _timestamp_type),
     "min.cleanable.dirty.ratio": _Setting("min_cleanable_dirty_ratio", _ratio),
     "min.compaction.lag.ms": _Setting("min_compaction_lag_ms", _integer(_INT64_MAX)),
     "min.insync.replicas": _Setting(None, _integer(_INT32_MAX, minimum=1)),
-    "retention.bytes": _Setting("retention_bytes", _integer(_INT64_MAX, unlimited=True)),
-    "retention.ms": _Setting("retention_ms", _integer(_INT64_MAX, unlimited=True)),
+    "retention.bytes": _Setting("retention_bytes", _integer(_INT64_MAX, unlimited=_negative)),
+    "retention.ms": _Setting("retention_ms", _integer(_INT64_MAX, unlimited=_minus_one)),
     "segment.bytes": _Setting("segment_bytes", _integer(_INT32_MAX)),
     "segment.index.bytes": _Setting("segment_index_bytes", _integer(_INT32_MAX)),
     "segment.jitter.ms": _Setting("segment_jitter_ms", _integer(_INT64_MAX)),
     "segment.ms": _Setting("segment_ms", _integer(_INT64_MAX)),
     "unclean.leader.election.enable": _Setting(None, _boolean),
+    **_FIXED,
 }
+# The configs whose type is LIST in Kafka: APPEND and SUBTRACT work on these alone.
+_LISTS = frozenset(
+    {
+        "cleanup.policy",
+        "follower.replication.throttled.replicas",
+        "leader.replication.throttled.replicas",
+    }
+)
+APPEND, SUBTRACT = cpb.APPEND, cpb.SUBTRACT  # Kafka's OpType ids 2 and 3
+_OP_NAMES = {APPEND: "APPEND", SUBTRACT: "SUBTRACT"}
 # The values of the settings that are not the log's when nothing sets them (Kafka's).
 _NOT_LOG_DEFAULTS = {"min.insync.replicas": "1", "unclean.leader.election.enable": "false"}
 
@@ -258,14 +372,22 @@ def describe_topic_configs(
     own entries, and for the rest the value its logs run with (``log_defaults``)."""
     config = topic_log_config(entries, log_defaults)
     out = []
-    for name, setting in sorted(TOPIC_CONFIGS.items()):
+    for name in sorted(TOPIC_CONFIGS):
         if name in entries:
             out.append((name, entries[name], True))
-        elif setting.field is None:
-            out.append((name, _NOT_LOG_DEFAULTS[name], False))
         else:
-            out.append((name, _canonical(getattr(config, setting.field)), False))
+            out.append((name, _value_in(config, name), False))
     return out
+
+
+def _value_in(config: LogConfig, name: str) -> str:
+    """The text of topic config ``name`` for logs running with ``config``."""
+    setting = TOPIC_CONFIGS[name]
+    if setting.only is not None:
+        return setting.only
+    if setting.field is None:
+        return _NOT_LOG_DEFAULTS[name]
+    return _canonical(getattr(config, setting.field), setting.unlimited)
 
 
 def _topic_setting(name: str) -> _Setting:
@@ -278,16 +400,16 @@ def _topic_setting(name: str) -> _Setting:
     return setting
 
 
-def _parser(name: str, kind: ConfigResourceType) -> Parse:
+def _setting(name: str, kind: ConfigResourceType) -> _Setting:
     """How to read config ``name`` of a ``kind`` resource; ``DecisionError`` if unknown."""
     if kind == ConfigResourceType.TOPIC:
-        return _topic_setting(name).parse
+        return _topic_setting(name)
     if name not in BROKER_CONFIGS:
         supported = ", ".join(sorted(BROKER_CONFIGS))
         raise DecisionError(
             cpb.INVALID_CONFIG, f"unknown broker config {_short(name)}; supported: {supported}"
         )
-    return TOPIC_CONFIGS[BROKER_CONFIGS[name]].parse
+    return TOPIC_CONFIGS[BROKER_CONFIGS[name]]
 
 
 def canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
@@ -296,7 +418,18 @@ def canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
 
 
 def _canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
-    return _canonical(_parse(name, text, _parser(name, kind)))
+    """The canonical text of a new value: parsed, then held to what runnel supports."""
+    setting = _setting(name, kind)
+    canonical = _canonical(_parse(name, text, setting.parse), setting.unlimited)
+    if setting.only is not None and canonical != setting.only:
+        shown = canonical if canonical.isprintable() and len(canonical) <= 60 else _short(text)
+        runs = f"{name}={setting.only or repr('')}"
+        raise DecisionError(
+            cpb.INVALID_CONFIG, f"{name}={shown} is not supported: {setting.why} ({runs})"
+        )
+    if setting.set_minimum is not None and int(text.strip()) < setting.set_minimum:
+        raise _invalid(name, text, f"below the minimum {setting.set_minimum}")
+    return canonical
 
 
 def _parse(name: str, text: str, parse: Parse) -> Any:
@@ -342,7 +475,8 @@ def incremental_alter_configs(
     request: cpb.IncrementalAlterConfigsRequest,
     log_defaults: LogConfig | None = None,
 ) -> Outcome[cpb.IncrementalAlterConfigsResponse]:
-    """Sets and deletes config entries of topics and brokers, resource by resource.
+    """Sets, deletes, appends to and subtracts from config entries of topics and brokers,
+    resource by resource.
 
     A resource's changes apply all or not at all; its result names the first problem. A
     resource named twice is refused both times (INVALID_REQUEST). Only entries whose value
@@ -377,8 +511,11 @@ def _alter_resource(
         if change.op == cpb.SET:
             entries[change.name] = _canonical_value(change.name, change.value, kind)
         elif change.op == cpb.DELETE:
-            _parser(change.name, kind)  # deleting a misspelt name would silently do nothing
+            _setting(change.name, kind)  # deleting a misspelt name would silently do nothing
             entries.pop(change.name, None)
+        elif change.op in _OP_NAMES:
+            now = entries.get(change.name)
+            entries[change.name] = _list_change(change, kind, now, log_defaults)
         else:
             raise DecisionError(cpb.INVALID_REQUEST, f"unknown operation {change.op}")
     if kind == TOPIC:
@@ -391,6 +528,32 @@ def _alter_resource(
         for name in names
         if current.get(name) != entries.get(name)
     ]
+
+
+def _list_change(
+    change: cpb.AlterableConfig,
+    kind: ConfigResourceType,
+    current: str | None,
+    log_defaults: LogConfig,
+) -> str:
+    """The canonical text after APPEND or SUBTRACT of ``change.value``'s items to the current
+    entry, else to the default (Kafka's ``getParts``)."""
+    _setting(change.name, kind)  # an unknown name is refused as unknown
+    topic_name = change.name if kind == TOPIC else BROKER_CONFIGS[change.name]
+    if topic_name not in _LISTS:
+        raise DecisionError(
+            cpb.INVALID_CONFIG,
+            f"Can't {_OP_NAMES[change.op]} to key {change.name} because its type is not LIST.",
+        )
+    if current is None:
+        current = _value_in(log_defaults, topic_name)
+    items = _list(current).split(",") if _list(current) else []
+    given = _list(change.value).split(",") if _list(change.value) else []
+    if change.op == APPEND:
+        items += [item for item in dict.fromkeys(given) if item not in items]
+    else:
+        items = [item for item in items if item not in given]
+    return _canonical_value(change.name, ",".join(items), kind)
 
 
 def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> ConfigResourceType:

@@ -2,16 +2,24 @@
 
 How this works. Each function takes the current (speculative) image and the request and
 returns an ``Outcome``: the records that carry out every accepted item and one result per
-item, in request order. Items are decided one after another against the image *and* what
-the items before them took (brokers' load, the cluster's partition count, topic ids), so
-the records of one request, committed together, are exactly what one-by-one requests would
-have written. An item that breaks a rule gets its error code and message and writes nothing;
-the others go on. With ``validate_only`` every item is answered as if carried out, and no
-records are returned.
+distinct name, in the order the names first appear. Items are decided one after another
+against the image *and* what the items before them took (brokers' load, the cluster's
+partition count, topic ids), so the records of one request, committed together, are exactly
+what one-by-one requests would have written. An item that breaks a rule gets its error code
+and message and writes nothing; the others go on. With ``validate_only`` every item is
+answered as if carried out, and no records are returned.
 
-The rules of CreateTopics, in the order they are checked (first failure answers):
+A name given more than once in one request (any of the three) is answered once, at its first
+place, with INVALID_REQUEST "Duplicate topic name." and none of its occurrences is carried
+out, as Kafka's ControllerApis answers it.
 
-    a name given twice in the request       INVALID_REQUEST (each occurrence)
+CreateTopics first refuses the request as a whole (``DecisionError``, POLICY_VIOLATION
+"Excessively large number of partitions per request.") when its names given once ask for more
+than ``max_partitions_per_request`` partitions together (-1 counts the default, 0 and other
+negatives nothing), before any other rule: Kafka's
+ReplicationControlManager.validateTotalNumberOfPartitions. Then, per topic, the rules in the
+order they are checked (first failure answers):
+
     Kafka's name rules (1-249 characters of [a-zA-Z0-9._-], not "." or "..")
                                             INVALID_TOPIC_EXCEPTION
     two names in the request that differ only by '.' versus '_'
@@ -43,8 +51,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from controller import records as rec
 from controller.broker_load import count_load
@@ -58,7 +67,9 @@ from storage.config import LogConfig
 from storage.errors import invariant
 
 __all__ = [
+    "DUPLICATE_NAME",
     "MAX_TOPIC_NAME_CHARS",
+    "TOO_MANY_PARTITIONS",
     "Load",
     "TopicDefaults",
     "TopicLimits",
@@ -67,13 +78,17 @@ __all__ = [
     "create_partitions",
     "create_topics",
     "delete_topics",
+    "repeated",
     "replica_load",
 ]
 
 MAX_TOPIC_NAME_CHARS = 249
+DUPLICATE_NAME = "Duplicate topic name."  # Kafka's ControllerApis message
+TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."  # Kafka's
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _DEFAULT = -1  # num_partitions or replication_factor: the cluster default
 _MAX_VARIANTS = 64  # collision check: try 2**k spellings up to this, else scan every name
+_H = TypeVar("_H", bound=Hashable)
 Load = Mapping[int, tuple[int, int]]  # broker id -> (replicas, preferred leaderships) held
 
 
@@ -93,12 +108,17 @@ class TopicDefaults:
 @dataclass(frozen=True, slots=True)
 class TopicLimits:
     max_partitions_per_topic: int = 10_000
+    max_partitions_per_request: int = 10_000  # CreateTopics, all topics (Kafka's per batch)
     max_cluster_partitions: int | None = None  # None: no limit
     max_topic_id_attempts: int = 100  # draws of new_topic_id before giving up
 
     def __post_init__(self) -> None:
         limit = self.max_cluster_partitions
-        if self.max_partitions_per_topic < 1 or self.max_topic_id_attempts < 1:
+        if (
+            self.max_partitions_per_topic < 1
+            or self.max_partitions_per_request < 1
+            or self.max_topic_id_attempts < 1
+        ):
             raise ValueError(f"topic limits must be at least 1: {self}")
         if limit is not None and limit < 1:
             raise ValueError(f"max_cluster_partitions must be at least 1 or None: {limit}")
@@ -150,6 +170,15 @@ def replica_load(image: MetadataImage) -> dict[int, tuple[int, int]]:
     return dict(
         count_load(p.replicas for t in image.topics.values() for p in t.partitions.values())
     )
+
+
+def repeated(items: Iterable[_H]) -> set[_H]:
+    """The items given more than once (a name is answered once, with ``DUPLICATE_NAME``)."""
+    return {item for item, count in Counter(items).items() if count > 1}
+
+
+def _duplicate() -> DecisionError:
+    return DecisionError(cpb.INVALID_REQUEST, DUPLICATE_NAME)
 
 
 def _collision_key(name: str) -> str:
@@ -252,16 +281,25 @@ def create_topics(
     """Creates the requested topics (module doc: the rules). ``new_topic_id`` draws 16
     random bytes; ``placement_start`` is a random int that spreads where placement starts;
     ``log_defaults`` is the node's ``[log]`` section, which config values are checked
-    against. ``DecisionError`` only if ``new_topic_id`` keeps drawing ids already taken."""
-    names = Counter(t.name for t in request.topics)
-    keys = Counter(_collision_key(n) for n in names)
+    against. ``DecisionError`` if the request asks too many partitions in all
+    (TOO_MANY_PARTITIONS), or if ``new_topic_id`` keeps drawing ids already taken."""
+    twice = repeated(t.name for t in request.topics)
+    once = [t for t in request.topics if t.name not in twice]
+    _check_request_partitions(once, defaults, limits)
+    keys = Counter(_collision_key(t.name) for t in once)
     capacity = _Capacity(image, load, placement_start, limits)
     taken: set[bytes] = set()
     records: list[MetadataRecord] = []
     response = cpb.CreateTopicsResponse()
+    answered: set[str] = set()  # the repeated names, once answered
     for topic in request.topics:
+        if topic.name in twice:
+            if topic.name not in answered:
+                answered.add(topic.name)
+                response.topics.append(_refused_topic(topic.name, _duplicate()))
+            continue
         try:
-            _check_in_request(topic.name, names, keys)
+            _check_in_request(topic.name, keys)
             new = _new_topic(image, topic, defaults, capacity, log_defaults or LogConfig())
         except DecisionError as e:
             response.topics.append(_refused_topic(topic.name, e))
@@ -287,10 +325,20 @@ def _refused_topic(name: str, e: DecisionError) -> cpb.CreatableTopicResult:
     )
 
 
-def _check_in_request(name: str, names: Counter[str], keys: Counter[str]) -> None:
-    """The rules that look at the request alone: no repeats, legal names, no collisions."""
-    if names[name] > 1:
-        raise DecisionError(cpb.INVALID_REQUEST, f"topic {name!r} is given twice")
+def _check_request_partitions(
+    topics: list[cpb.CreatableTopic], defaults: TopicDefaults, limits: TopicLimits
+) -> None:
+    """Kafka's bound on what one CreateTopics may ask for, checked before anything else."""
+    total = sum(
+        defaults.num_partitions if t.num_partitions == _DEFAULT else max(t.num_partitions, 0)
+        for t in topics
+    )
+    if total > limits.max_partitions_per_request:
+        raise DecisionError(cpb.POLICY_VIOLATION, TOO_MANY_PARTITIONS)
+
+
+def _check_in_request(name: str, keys: Counter[str]) -> None:
+    """The rules that look at the request alone: legal names, no collisions."""
     check_topic_name(name)
     if keys[_collision_key(name)] > 1:
         raise DecisionError(
@@ -373,19 +421,26 @@ def _topic_records(name: str, topic_id: bytes, new: _NewTopic) -> list[MetadataR
 def delete_topics(
     image: MetadataImage, request: cpb.DeleteTopicsRequest
 ) -> Outcome[cpb.DeleteTopicsResponse]:
-    """Removes each named topic (its partitions and configs go with it)."""
-    names = Counter(request.names)
+    """Removes each named topic (its partitions and configs go with it); one answer per
+    distinct name, with the topic's id. A name given with the id the client knew it by
+    (``topic_ids``) is removed only if it still has that id."""
+    twice = repeated(request.names)
     records: list[MetadataRecord] = []
     response = cpb.DeleteTopicsResponse()
-    for name in request.names:
+    for name in dict.fromkeys(request.names):
         result = response.topics.add(name=name)
         topic_id = image.topic_ids.get(name)
-        if names[name] > 1:
-            result.error, result.message = cpb.INVALID_REQUEST, f"topic {name!r} is given twice"
+        expected = request.topic_ids.get(name)
+        if name in twice:
+            result.error, result.message = cpb.INVALID_REQUEST, DUPLICATE_NAME
+        elif expected is not None and expected != topic_id:
+            result.error = cpb.UNKNOWN_TOPIC_ID
+            result.message = f"topic id {expected.hex()} no longer names topic {name!r}"
         elif topic_id is None:
             result.error = cpb.UNKNOWN_TOPIC_OR_PARTITION
             result.message = f"no topic named {name!r}"
         else:
+            result.topic_id = topic_id
             records.append(rec.remove_topic(topic_id))
     return Outcome(tuple(records), response)
 
@@ -403,16 +458,21 @@ def create_partitions(
 ) -> Outcome[cpb.CreatePartitionsResponse]:
     """Raises each topic's partition count to ``count`` (its new total). New partitions get
     the topic's replication factor (that of its first partition) and are placed against
-    the brokers' current load, so they go to the least-loaded brokers first."""
-    names = Counter(t.name for t in request.topics)
+    the brokers' current load, so they go to the least-loaded brokers first. One answer per
+    distinct name."""
+    twice = repeated(t.name for t in request.topics)
     capacity = _Capacity(image, load, placement_start, limits)
     records: list[MetadataRecord] = []
     response = cpb.CreatePartitionsResponse()
+    answered: set[str] = set()
     for item in request.topics:
+        if item.name in answered:
+            continue
+        answered.add(item.name)
         result = response.topics.add(name=item.name)
         try:
-            if names[item.name] > 1:
-                raise DecisionError(cpb.INVALID_REQUEST, f"topic {item.name!r} is given twice")
+            if item.name in twice:
+                raise _duplicate()
             records += _add_partitions(image, item, capacity)
         except DecisionError as e:
             result.error, result.message = as_error_code(e.code), e.message

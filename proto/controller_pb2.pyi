@@ -32,11 +32,14 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NEW_LEADER_ELECTED: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
 
 class AlterConfigOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SET: _ClassVar[AlterConfigOp]
     DELETE: _ClassVar[AlterConfigOp]
+    APPEND: _ClassVar[AlterConfigOp]
+    SUBTRACT: _ClassVar[AlterConfigOp]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
@@ -59,8 +62,11 @@ BROKER_ID_NOT_REGISTERED: ErrorCode
 NEW_LEADER_ELECTED: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
+UNKNOWN_TOPIC_ID: ErrorCode
 SET: AlterConfigOp
 DELETE: AlterConfigOp
+APPEND: AlterConfigOp
+SUBTRACT: AlterConfigOp
 
 class ResponseHeader(_message.Message):
     __slots__ = ("error", "message", "controller_id", "controller_address")
@@ -173,20 +179,31 @@ class CreateTopicsResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[CreatableTopicResult, _Mapping]]] = ...) -> None: ...
 
 class DeleteTopicsRequest(_message.Message):
-    __slots__ = ("names",)
+    __slots__ = ("names", "topic_ids")
+    class TopicIdsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     NAMES_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_IDS_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+    topic_ids: _containers.ScalarMap[str, bytes]
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., topic_ids: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class TopicResult(_message.Message):
-    __slots__ = ("name", "error", "message")
+    __slots__ = ("name", "error", "message", "topic_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     error: ErrorCode
     message: str
-    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class DeleteTopicsResponse(_message.Message):
     __slots__ = ("header", "topics")

@@ -44,6 +44,7 @@ __all__ = [
     "NotEnoughReplicas",
     "NotEnoughReplicasAfterAppend",
     "NotLeaderOrFollower",
+    "OffsetNotAvailable",
     "OffsetOutOfRange",
     "OutOfOrderSequenceNumber",
     "RecordListTooLarge",
@@ -116,6 +117,17 @@ class NotEnoughReplicasAfterAppend(ReplicationError):
     """Written, but the ISR shrank below ``min.insync.replicas`` before it was committed."""
 
     code = 20
+    retriable = True
+
+
+class OffsetNotAvailable(ReplicationError):
+    """A new leader's high watermark is still below the start of its epoch: the offsets
+    before it may not all be committed, so "latest" and a timestamp lookup past the high
+    watermark are not answered yet (Kafka's Partition.fetchOffsetForTimestamp). Retriable;
+    ListOffsets below v5 answers ``legacy_code`` (LEADER_NOT_AVAILABLE) instead."""
+
+    code = 78
+    legacy_code = 5
     retriable = True
 
 

@@ -59,6 +59,8 @@ from replication.errors import (
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
     NotLeaderOrFollower,
+    OffsetNotAvailable,
+    OffsetOutOfRange,
     RecordListTooLarge,
     ReplicationError,
     UnknownLeaderEpoch,
@@ -596,15 +598,9 @@ class Partition:
             )
         log = self.log
         log_end = log.log_end_offset
-        # The last fetched epoch is the latest here and the follower is not past our end:
-        # that epoch ends at our log end, so nothing diverges (the common case, cheaply).
-        latest = log.epoch_cache.latest_epoch
-        if last_fetched_epoch >= 0 and not (
-            last_fetched_epoch == latest and fetch_offset <= log_end
-        ):
-            epoch, end = self.end_offset_for_epoch(last_fetched_epoch)
-            if epoch < last_fetched_epoch or end < fetch_offset:
-                return FollowerRead(None, (epoch, end))
+        diverging = self._diverging(last_fetched_epoch, fetch_offset)
+        if diverging is not None:
+            return FollowerRead(None, diverging)
         if fetch_offset == log_end and log.log_start_offset <= fetch_offset:
             # Caught up: nothing to read (most partitions of most fetches).
             hw, start = log.high_watermark, log.log_start_offset
@@ -633,6 +629,46 @@ class Partition:
         ):
             self._propose_isr((*self.isr, replica_id))
         return FollowerRead(data, None)
+
+    def diverging_epoch(
+        self,
+        fetch_offset: int,
+        last_fetched_epoch: int,
+        *,
+        current_leader_epoch: int = NO_LEADER_EPOCH,
+    ) -> tuple[int, int] | None:
+        """A consumer's fetch with a last fetched epoch (Fetch v12+): the diverging
+        ``(epoch, end offset)`` when that epoch does not end at or after ``fetch_offset``
+        here, which the fetch answers instead of records (Kafka's Partition.readRecords
+        checks every fetch that sets it, a consumer's as a follower's); else None. An
+        epoch whose end is unknown here (later than any this log has) is OFFSET_OUT_OF_RANGE,
+        as in Kafka."""
+        self._require_leader(current_leader_epoch)
+        diverging = self._diverging(last_fetched_epoch, fetch_offset)
+        if diverging is not None and (
+            diverging[0] == UNDEFINED_EPOCH or diverging[1] == UNDEFINED_OFFSET
+        ):
+            raise OffsetOutOfRange(
+                f"{self.topic}-{self.partition_id}: the end of last fetched epoch "
+                f"{last_fetched_epoch} is unknown here"
+            )
+        return diverging
+
+    def _diverging(self, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
+        """KIP-320: where the fetcher's log leaves this one, or None (-1: it does not say)."""
+        if last_fetched_epoch < 0:
+            return None
+        log = self.log
+        # The last fetched epoch is the latest here and the fetcher is not past our end:
+        # that epoch ends at our log end, so nothing diverges (the common case, cheaply).
+        if last_fetched_epoch == log.epoch_cache.latest_epoch and fetch_offset <= (
+            log.log_end_offset
+        ):
+            return None
+        epoch, end = self.end_offset_for_epoch(last_fetched_epoch)
+        if epoch < last_fetched_epoch or end < fetch_offset:
+            return epoch, end
+        return None
 
     def read_for_quiet_follower(
         self,
@@ -819,23 +855,45 @@ class Partition:
         watermark, or the log end for ``isolation="log_end"``, -1); -3 (max timestamp): the
         record with the largest timestamp; a timestamp >= 0: the first record whose
         timestamp is at least that, found through the time index. None when there is no
-        such record below the bound (the handler answers offset -1)."""
+        such record below the bound (the handler answers offset -1).
+
+        A consumer's lookup (the high watermark bounds it) raises OffsetNotAvailable while
+        this new leader's high watermark is below the start of its epoch, for "latest" and
+        for a lookup finding nothing below the high watermark, as Kafka does: answering the
+        lagging high watermark could send a consumer resetting to the end back over records
+        it has read. "earliest" is answered all the same."""
         self._require_leader(current_leader_epoch)
         log = self.log
         bound = log.high_watermark
-        if Isolation(isolation) is Isolation.LOG_END:
+        consumer = Isolation(isolation) is Isolation.HIGH_WATERMARK
+        if not consumer:
             bound = log.log_end_offset
         if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
             return OffsetAndTimestamp(log.log_start_offset, NO_TIMESTAMP)
-        if timestamp == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(bound, NO_TIMESTAMP)
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return None
+        if timestamp == LATEST_TIMESTAMP:
+            if consumer:
+                self._check_high_watermark_caught_up()
+            return OffsetAndTimestamp(bound, NO_TIMESTAMP)
         try:
             found = self._max_timestamp() if timestamp == MAX_TIMESTAMP else self._search(timestamp)
         except StorageError as e:
             raise from_storage_error(e) from e
-        return found if found is not None and found.offset < bound else None
+        if found is not None and found.offset < bound:
+            return found
+        if consumer:
+            self._check_high_watermark_caught_up()
+        return None
+
+    def _check_high_watermark_caught_up(self) -> None:
+        start = self.leader_epoch_start_offset
+        if start is not None and start > self.log.high_watermark:
+            raise OffsetNotAvailable(
+                f"{self.topic}-{self.partition_id}: leader epoch {self.leader_epoch} starts at "
+                f"offset {start}, and the high watermark ({self.log.high_watermark}) is still "
+                "below it"
+            )
 
     def _search(self, timestamp: int) -> OffsetAndTimestamp | None:
         found = self.log.offset_for_timestamp(timestamp)

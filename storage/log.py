@@ -31,6 +31,7 @@ from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 import crc32c
 
 from storage.batch import (
+    ATTR_CONTROL,
     ATTR_TIMESTAMP_TYPE,
     CRC_START,
     HEADER_SIZE,
@@ -254,7 +255,8 @@ class Log:
         self, data: bytes | bytearray | memoryview, leader_epoch: int
     ) -> AppendInfo:
         """Assign offsets from the log end, stamp ``leader_epoch``, write. Data is one or more
-        v2 batches; an idempotent batch must come alone (as in Kafka's produce path)."""
+        v2 batches from a client; an idempotent batch must come alone (as in Kafka's produce
+        path) and a control batch is refused (only a transaction coordinator writes those)."""
         view = memoryview(data).cast("B")
         headers = self._validate(view, leader=True)
         now_ms = self._clock()
@@ -313,7 +315,8 @@ class Log:
         return info
 
     def _validate(self, view: memoryview, *, leader: bool) -> list[tuple[int, BatchHeader]]:
-        """Check every batch (framing, CRC, size, offsets) before anything is written."""
+        """Check every batch (framing, CRC, size, offsets; for a leader, Kafka's rules on
+        client batches) before anything is written."""
         size = len(view)
         if not size:
             raise InvalidRecordError("an append needs at least one batch")
@@ -337,6 +340,8 @@ class Log:
                         f"batch has {header.record_count} records but last offset delta "
                         f"{header.last_offset_delta}"
                     )
+                if header.attributes & ATTR_CONTROL:  # a follower copies the leader's
+                    raise InvalidRecordError("Clients are not allowed to write control records")
                 if self.config.compact:
                     self._require_keys(view, position)  # decodes every record anyway
                 else:

@@ -6,6 +6,14 @@ controller's rule) AND this broker's own image shows it, waited for up to the re
 timeout: so a client that creates a topic and then asks this broker for metadata sees it.
 Manual replica assignments are not supported (the controller places replicas itself): such
 a topic is refused with INVALID_REQUEST and a message saying so.
+
+A name given more than once is answered once (the controller's INVALID_REQUEST "Duplicate
+topic name.", controller/topics.py), as Kafka's ControllerApis answers it; a CreateTopics the
+controller refuses as a whole (e.g. too many partitions in all) answers that error for every
+entry of the request. DeleteTopics v6 entries are checked here, where the names of topic ids
+are known, as Kafka's ControllerApis.deleteTopics checks them: both a name and an id, or
+neither, or a repeated id, or a name whose id is also given, is INVALID_REQUEST; an unknown id
+is UNKNOWN_TOPIC_ID; a deleted topic is answered with its id.
 """
 
 from __future__ import annotations
@@ -13,14 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from broker.context import BrokerContext
 from broker.handlers.common import Reply, topic_uuid
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import MetadataImage
+from controller.topics import DUPLICATE_NAME, repeated
 from proto import controller_pb2 as cpb
 
 __all__ = ["create_partitions", "create_topics", "delete_topics", "wait_for_image"]
@@ -28,6 +37,11 @@ __all__ = ["create_partitions", "create_topics", "delete_topics", "wait_for_imag
 _log = logging.getLogger(__name__)
 IMAGE_POLL_S = 0.02
 NO_ASSIGNMENTS = "manual replica assignment is not supported; leave assignments empty"
+# Kafka's ControllerApis.deleteTopics messages
+BOTH_NAME_AND_ID = "You may not specify both topic name and topic id."
+NEITHER_NAME_NOR_ID = "Neither topic name nor id were specified."
+DUPLICATE_ID = "Duplicate topic id."
+NAME_OF_GIVEN_ID = "The provided topic name maps to an ID that was already supplied."
 
 
 def _timeout_s(context: BrokerContext, timeout_ms: int) -> float:
@@ -72,7 +86,8 @@ def create_topics(context: BrokerContext, header: RequestHeader, request: Any) -
 
 
 async def _create_topics(context: BrokerContext, request: Any) -> dict[str, Any]:
-    refused = {t.name for t in request.topics if t.assignments}
+    twice = repeated(t.name for t in request.topics)  # forwarded: the controller answers
+    refused = {t.name for t in request.topics if t.assignments and t.name not in twice}
     forward = cpb.CreateTopicsRequest(
         topics=[
             cpb.CreatableTopic(
@@ -96,8 +111,19 @@ async def _create_topics(context: BrokerContext, request: Any) -> dict[str, Any]
             _timeout_s(context, request.timeout_ms),
         )
     missing = _missing(answer)
-    topics = [_created(t, results, refused, missing) for t in request.topics]
+    if forward.topics and not results:  # refused as a whole: every entry says so (Kafka's)
+        blank = {"num_partitions": -1, "replication_factor": -1} | missing
+        return {"throttle_time_ms": 0, "topics": [{"name": t.name} | blank for t in request.topics]}
+    topics = [_created(t, results, refused, missing) for t in _first_of_each(request.topics)]
     return {"throttle_time_ms": 0, "topics": topics}
+
+
+def _first_of_each(topics: Iterable[Any]) -> list[Any]:
+    """The first entry of each name, in request order: one answer per name."""
+    firsts: dict[str, Any] = {}
+    for t in topics:
+        firsts.setdefault(t.name, t)
+    return list(firsts.values())
 
 
 def _created(
@@ -113,6 +139,7 @@ def _created(
         return out | {"error_code": result.error, "error_message": result.message or None}
     return out | {
         "error_code": ErrorCode.NONE,
+        "error_message": None,  # null, as Kafka answers a success
         "topic_id": topic_uuid(result.topic_id),
         "num_partitions": result.num_partitions,
         "replication_factor": result.replication_factor,
@@ -126,18 +153,82 @@ def _created(
 # -- DeleteTopics ------------------------------------------------------------------------------
 
 
-def _names_to_delete(image: MetadataImage, request: Any) -> list[tuple[str | None, Any]]:
-    """(name or None if unknown, topic id or None) of each topic named (by name before v6)."""
-    if getattr(request, "topics", None):
-        out = []
-        for t in request.topics:
-            if t.name is not None:
-                out.append((t.name, None))
-            else:
-                found = image.topics.get(t.topic_id.bytes)
-                out.append((found.name if found is not None else None, t.topic_id))
-        return out
-    return [(name, None) for name in request.topic_names]
+class _Deletion(NamedTuple):
+    """A DeleteTopics request checked against this broker's image: the entries answered here,
+    and the topics to ask the controller to delete: by name, and by id (their names here ->
+    the ids given, which the controller checks: this broker's image may lag)."""
+
+    answered: list[dict[str, Any]]
+    by_name: list[str]
+    by_id: dict[str, bytes]
+
+
+def _deletion_entry(
+    name: str | None, topic_id: bytes | None, code: int, message: str | None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "topic_id": topic_uuid(topic_id),
+        "error_code": code,
+        "error_message": message,
+    }
+
+
+def _plan_deletion(image: MetadataImage, request: Any) -> _Deletion:
+    """Kafka's ControllerApis.deleteTopics checks, in its order."""
+    answered, names, ids = _sort_entries(request)
+    repeated_names, repeated_ids = repeated(names), repeated(ids)
+    answered += [  # one each, in request order
+        _deletion_entry(n, None, ErrorCode.INVALID_REQUEST, DUPLICATE_NAME)
+        for n in dict.fromkeys(names)
+        if n in repeated_names
+    ]
+    answered += [
+        _deletion_entry(None, i, ErrorCode.INVALID_REQUEST, DUPLICATE_ID)
+        for i in dict.fromkeys(ids)
+        if i in repeated_ids
+    ]
+    by_id: dict[bytes, str] = {}
+    for i in (i for i in dict.fromkeys(ids) if i not in repeated_ids):
+        topic = image.topics.get(i)
+        if topic is None:
+            answered.append(
+                _deletion_entry(None, i, ErrorCode.UNKNOWN_TOPIC_ID, "unknown topic id")
+            )
+        else:
+            by_id[i] = topic.name
+    by_name: list[str] = []
+    for n in (n for n in dict.fromkeys(names) if n not in repeated_names):
+        known = image.topic_ids.get(n)
+        if known is not None and (known in by_id or known in repeated_ids):
+            by_id.pop(known, None)  # neither entry is carried out
+            answered.append(_deletion_entry(n, known, ErrorCode.INVALID_REQUEST, NAME_OF_GIVEN_ID))
+        else:
+            by_name.append(n)
+    return _Deletion(answered, by_name, {name: i for i, name in by_id.items()})
+
+
+def _sort_entries(request: Any) -> tuple[list[dict[str, Any]], list[str], list[bytes]]:
+    """The entries refused for what they give (both a name and an id, or neither), and the
+    names and the ids given alone, repeats kept."""
+    refused: list[dict[str, Any]] = []
+    names = list(getattr(request, "topic_names", None) or ())  # before v6
+    ids: list[bytes] = []
+    for t in getattr(request, "topics", None) or ():  # v6
+        topic_id = t.topic_id.bytes if t.topic_id is not None and t.topic_id.int else None
+        if t.name is not None and topic_id is not None:
+            refused.append(
+                _deletion_entry(t.name, topic_id, ErrorCode.INVALID_REQUEST, BOTH_NAME_AND_ID)
+            )
+        elif t.name is not None:
+            names.append(t.name)
+        elif topic_id is not None:
+            ids.append(topic_id)
+        else:
+            refused.append(
+                _deletion_entry(None, None, ErrorCode.INVALID_REQUEST, NEITHER_NAME_NOR_ID)
+            )
+    return refused, names, ids
 
 
 def delete_topics(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
@@ -145,9 +236,10 @@ def delete_topics(context: BrokerContext, header: RequestHeader, request: Any) -
 
 
 async def _delete_topics(context: BrokerContext, request: Any) -> dict[str, Any]:
-    wanted = _names_to_delete(context.image(), request)
-    names = [n for n, _ in wanted if n is not None]
-    answer = await _call(context, "DeleteTopics", cpb.DeleteTopicsRequest(names=names))
+    plan = _plan_deletion(context.image(), request)
+    names = [*plan.by_name, *plan.by_id]
+    forward = cpb.DeleteTopicsRequest(names=names, topic_ids=plan.by_id)
+    answer = await _call(context, "DeleteTopics", forward) if names else None
     results = {r.name: r for r in answer.topics} if answer is not None else {}
     deleted = [n for n, r in results.items() if r.error == cpb.NONE]
     if deleted:
@@ -156,17 +248,15 @@ async def _delete_topics(context: BrokerContext, request: Any) -> dict[str, Any]
             lambda image: not any(n in image.topic_ids for n in deleted),
             _timeout_s(context, request.timeout_ms),
         )
-    responses = []
-    for name, topic_id in wanted:
-        out: dict[str, Any] = {"name": name, "topic_id": topic_id or topic_uuid(None)}
-        result = results.get(name) if name is not None else None
-        if name is None:
-            out |= {"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "error_message": "unknown topic id"}
-        elif result is None:
-            out |= _missing(answer)
+    responses = list(plan.answered)
+    for name in names:
+        result = results.get(name)
+        topic_id = plan.by_id.get(name)
+        if result is None:
+            responses.append({"name": name, "topic_id": topic_uuid(topic_id)} | _missing(answer))
         else:
-            out |= {"error_code": result.error, "error_message": result.message or None}
-        responses.append(out)
+            topic_id = result.topic_id or topic_id
+            responses.append(_deletion_entry(name, topic_id, result.error, result.message or None))
     return {"throttle_time_ms": 0, "responses": responses}
 
 
@@ -178,7 +268,9 @@ def create_partitions(context: BrokerContext, header: RequestHeader, request: An
 
 
 async def _create_partitions(context: BrokerContext, request: Any) -> dict[str, Any]:
+    twice = repeated(t.name for t in request.topics)  # forwarded: the controller answers
     refused = {t.name for t in request.topics if t.assignments is not None}
+    refused -= twice
     forward = cpb.CreatePartitionsRequest(
         topics=[
             cpb.CreatePartitionsTopic(name=t.name, count=t.count)
@@ -200,7 +292,7 @@ async def _create_partitions(context: BrokerContext, request: Any) -> dict[str, 
 
         await wait_for_image(context, done, _timeout_s(context, request.timeout_ms))
     out = []
-    for t in request.topics:
+    for t in _first_of_each(request.topics):
         result = results.get(t.name)
         if t.name in refused:
             error = {"error_code": ErrorCode.INVALID_REQUEST, "error_message": NO_ASSIGNMENTS}

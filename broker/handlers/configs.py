@@ -7,15 +7,23 @@ set on the topic, else this broker's dynamic broker config, else the cluster-wid
 the node's ``[log]`` section or the built-in default. ``unclean.leader.election.enable`` skips
 this broker's own value, as the controller's elections do (``controller.elections``); the
 controller's static ``unclean_leader_election_enable`` is not known here, so where nothing
-dynamic sets it the answer is Kafka's default, false. A broker's configs are the broker
-configs the controller accepts, dynamic where set. Both alter requests go to
-the active controller as one IncrementalAlterConfigs: AlterConfigs replaces a resource's
-whole set, so it becomes SET for each entry given and DELETE for each entry not given.
-APPEND and SUBTRACT (list-valued configs) are refused with INVALID_REQUEST.
+dynamic sets it the answer is Kafka's default, false. A topic name is checked against Kafka's
+rules before it is looked up (INVALID_TOPIC_EXCEPTION, as Kafka's ConfigHelper). A broker's
+configs are the broker configs the controller accepts, dynamic where set; the resource ""
+(the cluster-wide defaults) lists only the entries set on it, as Kafka does, and a broker id
+other than this broker's is INVALID_REQUEST. An empty list of keys, like none, asks for all.
+
+Both alter requests are first checked here as Kafka's ConfigAdminManager.preprocess does (a
+name given twice, a null value, a BROKER resource naming another broker: INVALID_REQUEST), then
+go to the active controller as one IncrementalAlterConfigs: AlterConfigs replaces a resource's
+whole set, so it becomes SET for each entry given and DELETE for each entry not given. APPEND
+and SUBTRACT go to the controller as they are (controller/configs.py: list-typed configs only).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from broker.context import BrokerContext
@@ -31,7 +39,9 @@ from controller.configs import (
 )
 from controller.elections import UNCLEAN_CONFIG
 from controller.image import MetadataImage
+from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
+from controller.topics import RESERVED_TOPIC_NAMES, check_topic_name, repeated
 from proto import controller_pb2 as cpb
 from storage.config import LogConfig
 
@@ -41,8 +51,9 @@ TOPIC = int(ConfigResourceType.TOPIC)
 BROKER = int(ConfigResourceType.BROKER)
 # Kafka's ConfigSource codes
 TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER, STATIC_BROKER, DEFAULT = 1, 2, 3, 4, 5
-SET, DELETE = 0, 1
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType ids
 CONFIG_WAIT_S = 5.0
+_JAVA_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)  # what Java's Integer.parseInt reads
 
 
 def _entry(name: str, value: str | None, source: int) -> dict[str, Any]:
@@ -85,25 +96,39 @@ def _default_source(name: str, value: str) -> int:
 _BUILT_IN = {n: v for n, v, _ in describe_topic_configs({}, LogConfig())}
 
 
-def _broker_configs(
-    context: BrokerContext, image: MetadataImage, name: str
-) -> list[dict[str, Any]]:
-    own = image.configs.get((BROKER, name), {})
+def _broker_configs(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
+    """This broker's configs: each from the nearest layer that sets it."""
+    own = image.configs.get((BROKER, str(context.settings.broker_id)), {})
     cluster = image.configs.get((BROKER, ""), {})
     statics = {n: v for n, v, _ in describe_topic_configs({}, context.settings.log_defaults)}
     out = []
     for config in sorted(BROKER_CONFIGS):
         topic_name = BROKER_CONFIGS[config]
         if config in own:
-            out.append(
-                _entry(config, own[config], DYNAMIC_BROKER if name else DYNAMIC_DEFAULT_BROKER)
-            )
+            out.append(_entry(config, own[config], DYNAMIC_BROKER))
         elif config in cluster:
             out.append(_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
         else:
             static = statics[topic_name]
             out.append(_entry(config, static, _default_source(topic_name, static)))
     return out
+
+
+def _cluster_default_configs(image: MetadataImage) -> list[dict[str, Any]]:
+    """The resource "": only the cluster-wide entries set (Kafka's currentDynamicDefaultConfigs)."""
+    cluster = image.configs.get((BROKER, ""), {})
+    return [
+        _entry(n, cluster[n], DYNAMIC_DEFAULT_BROKER)
+        for n in sorted(cluster)
+        if n in BROKER_CONFIGS
+    ]
+
+
+def _java_int(name: str) -> int | None:
+    """``name`` as Java's Integer.parseInt reads it (Kafka's broker resource names), or None."""
+    if not _JAVA_INT.fullmatch(name) or not -(2**31) <= int(name) < 2**31:
+        return None
+    return int(name)
 
 
 def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -> dict[str, Any]:
@@ -116,6 +141,11 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
     }
     name = resource.resource_name
     if resource.resource_type == TOPIC:
+        try:
+            if name not in RESERVED_TOPIC_NAMES:  # runnel's reservation; Kafka: just unknown
+                check_topic_name(name)
+        except DecisionError as e:
+            return out | {"error_code": e.code, "error_message": e.message}
         if name not in image.topic_ids:
             return out | {
                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -123,17 +153,22 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
             }
         configs = _topic_configs(context, image, name)
     elif resource.resource_type == BROKER:
-        if name and (not name.isdigit() or int(name) not in image.brokers):
-            return out | {
-                "error_code": ErrorCode.INVALID_REQUEST,
-                "error_message": f"no broker {name!r}",
-            }
-        configs = _broker_configs(context, image, name)
+        me = context.settings.broker_id
+        if not name:
+            configs = _cluster_default_configs(image)
+        elif (broker_id := _java_int(name)) is None:
+            message = f"Broker id must be an integer, but it is: {name}"
+            return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
+        elif broker_id != me:
+            message = f"Unexpected broker id, expected {me} or empty string, but received {name}"
+            return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
+        else:
+            configs = _broker_configs(context, image)
     else:
         message = f"resource type {resource.resource_type} is not supported (topics 2, brokers 4)"
         return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
     keys = resource.configuration_keys
-    if keys is not None:
+    if keys:  # None or empty: every config (Kafka's ConfigHelperUtils.createResponseConfig)
         configs = [c for c in configs if c["name"] in set(keys)]
     return out | {"configs": configs}
 
@@ -205,24 +240,57 @@ async def _wait_applied(
         if answer is not None and answer.error == cpb.NONE:
             key = (resource.resource_type, resource.resource_name)
             kind = ConfigResourceType(resource.resource_type)
-            for c in resource.configs:
-                value = canonical_value(c.name, c.value, kind) if c.op == cpb.SET else None
-                wanted.append((key, c.name, value))
+            wanted += [(key, c.name, _applied(c, kind)) for c in resource.configs]
 
     def done(image: MetadataImage) -> bool:
-        return all(image.configs.get(k, {}).get(n) == v for k, n, v in wanted)
+        return all(test(image.configs.get(k, {}).get(n)) for k, n, test in wanted)
 
     if wanted:
         await wait_for_image(context, done, CONFIG_WAIT_S)
 
 
+def _applied(change: cpb.AlterableConfig, kind: ConfigResourceType) -> Callable[[str | None], bool]:
+    """Whether an entry's committed value shows ``change`` (which the controller accepted).
+    APPEND and SUBTRACT always leave an entry; its items are known, not its whole value."""
+    if change.op == SET:
+        value = canonical_value(change.name, change.value, kind)
+        return lambda now: now == value
+    if change.op == DELETE:
+        return lambda now: now is None
+    items = {item.strip() for item in change.value.split(",")} - {""}
+    if change.op == APPEND:
+        return lambda now: now is not None and items <= set(now.split(","))
+    return lambda now: now is not None and not items & set(now.split(","))
+
+
+def _preprocess(
+    context: BrokerContext, resource: Any, null_values: list[str]
+) -> dict[str, Any] | None:
+    """The answer for a resource refused before it reaches the controller, as Kafka's
+    ConfigAdminManager.preprocess refuses it, in its order; None to forward it."""
+    message = None
+    if repeated(c.name for c in resource.configs):
+        message = "Error due to duplicate config keys"
+    elif null_values:
+        message = f"Null value not supported for : {', '.join(null_values)}"
+    elif resource.resource_type == BROKER and resource.resource_name:
+        me, name = context.settings.broker_id, resource.resource_name
+        if _java_int(name) is None:
+            message = f"Node id must be an integer, but it is: {name}"
+        elif _java_int(name) != me:
+            message = f"Unexpected broker id, expected {me}, but received {name}"
+    return None if message is None else _result(resource, ErrorCode.INVALID_REQUEST, message)
+
+
 def incremental_alter_configs(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     changes: list[cpb.AlterConfigsResource | dict[str, Any]] = []
     for resource in request.resources:
-        ops = {c.config_operation for c in resource.configs}
-        if not ops <= {SET, DELETE}:
-            message = "only SET (0) and DELETE (1) are supported, not APPEND or SUBTRACT"
-            changes.append(_result(resource, ErrorCode.INVALID_REQUEST, message))
+        nulls = [
+            c.name for c in resource.configs if c.config_operation != DELETE and c.value is None
+        ]
+        refused = _preprocess(context, resource, nulls)
+        if refused is not None:
+            changes.append(refused)
             continue
         configs = [
             cpb.AlterableConfig(name=c.name, op=c.config_operation, value=c.value or "")
@@ -236,7 +304,13 @@ def alter_configs(context: BrokerContext, header: RequestHeader, request: Any) -
     image = context.image()
     changes: list[cpb.AlterConfigsResource | dict[str, Any]] = []
     for resource in request.resources:
-        given = {c.name: c.value or "" for c in resource.configs}
+        refused = _preprocess(
+            context, resource, [c.name for c in resource.configs if c.value is None]
+        )
+        if refused is not None:
+            changes.append(refused)
+            continue
+        given = {c.name: c.value for c in resource.configs}
         current = image.configs.get((resource.resource_type, resource.resource_name), {})
         configs = [cpb.AlterableConfig(name=n, op=cpb.SET, value=v) for n, v in given.items()]
         configs += [cpb.AlterableConfig(name=n, op=cpb.DELETE) for n in current if n not in given]

@@ -9,6 +9,10 @@ The slices go to the network layer untouched and leave by ``sendfile``. If fewer
 until enough bytes arrive on its partitions, a partition changes leader, or ``max_wait_ms``
 (capped by ``fetch_max_wait_ms``) passes; then every partition is read again.
 
+A consumer's fetch that names its last fetched epoch (v12+) is answered a diverging epoch
+instead of records when that epoch does not end at or after its fetch offset here, as a
+follower's is (KIP-320; Kafka's Partition.readRecords checks every fetch that sets it).
+
 A fetch with a replica id (``replica_id >= 0``) is a follower's (Kafka's inter-broker
 protocol): it reads to the log end, reports the follower's position (its fetch offset), which
 may move the high watermark and the ISR (``Partition.read_for_follower``), and answers a
@@ -229,12 +233,20 @@ def _read_one(
         )
         data, diverging = found.data, found.diverging
     else:
-        data = replica.read(
-            position.fetch_offset,
-            max_bytes,
-            current_leader_epoch=position.current_leader_epoch,
-            min_one_batch=first,
-        )
+        if position.last_fetched_epoch >= 0:  # a consumer checks for truncation too (v12+)
+            diverging = replica.diverging_epoch(
+                position.fetch_offset,
+                position.last_fetched_epoch,
+                current_leader_epoch=position.current_leader_epoch,
+            )
+        data = None
+        if diverging is None:
+            data = replica.read(
+                position.fetch_offset,
+                max_bytes,
+                current_leader_epoch=position.current_leader_epoch,
+                min_one_batch=first,
+            )
     answer: dict[str, Any] = {
         "partition_index": w.key[1],
         "error_code": ErrorCode.NONE,

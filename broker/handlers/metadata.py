@@ -3,7 +3,8 @@
 How this works. ApiVersions and Metadata come from the broker's metadata image (no controller
 round trip), except a Metadata request for unknown topics when ``auto_create_topics_enable`` is
 on: those are created through the controller and answered LEADER_NOT_AVAILABLE, as Kafka does,
-so the client asks again. DescribeCluster is forwarded to the active controller. Brokers are
+so the client asks again; an unknown topic whose name is not legal is INVALID_TOPIC_EXCEPTION
+and never created. DescribeCluster is forwarded to the active controller. Brokers are
 listed with their address on the listener the request came in on; fenced brokers are left
 out. The controller id a client sees is this broker's own id: clients cannot reach KRaft
 controllers, and this broker forwards admin requests to the active one (as Kafka's brokers
@@ -21,6 +22,8 @@ from broker.handlers.common import Reply, topic_uuid
 from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import NO_LEADER, MetadataImage, PartitionState
+from controller.outcome import DecisionError
+from controller.topics import check_topic_name
 from proto import controller_pb2 as cpb
 
 __all__ = ["api_versions", "describe_cluster", "metadata", "supported_api_versions"]
@@ -31,6 +34,7 @@ UNSET_OPERATIONS = -(2**31)  # "not asked for" in Kafka's authorized-operations 
 TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
 CLUSTER_OPERATIONS = sum(1 << op for op in (4, 5, 7, 8, 9, 10, 11, 12))
 AUTO_CREATE_LIMIT = 100  # unknown topics one Metadata request may create
+INVALID_NAME = ErrorCode.INVALID_TOPIC_EXCEPTION  # an unknown topic whose name is not legal
 
 
 # Advertised below what is served: Produce v0-v2 (message formats v0 and v1). librdkafka
@@ -121,6 +125,17 @@ def _requested_names(image: MetadataImage, request: Any) -> tuple[list[str] | No
     return names, unknown_ids
 
 
+def _legal_topic_name(name: str) -> bool:
+    """Whether an unknown topic's name is legal: if not, Kafka answers INVALID_TOPIC_EXCEPTION
+    rather than UNKNOWN_TOPIC_OR_PARTITION (KafkaApis.getTopicMetadata's Topic.validate),
+    and does not try to create it (AutoTopicCreationManager)."""
+    try:
+        check_topic_name(name)
+    except DecisionError:
+        return False
+    return True
+
+
 def _unknown_id(topic_id: Any, operations: int) -> dict[str, Any]:
     """A topic asked for by an id no topic has: UNKNOWN_TOPIC_ID, as Kafka answers it."""
     return {
@@ -142,6 +157,9 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
         else UNSET_OPERATIONS
     )
     missing = [] if names is None else [n for n in names if n not in image.topic_ids]
+    invalid = {n for n in missing if not _legal_topic_name(n)}  # never auto-created either
+    if invalid:
+        missing = [n for n in missing if n not in invalid]
     allow = header.api_version < 4 or bool(getattr(request, "allow_auto_topic_creation", True))
     auto_create = bool(missing) and allow and context.settings.auto_create_topics_enable
     error = ErrorCode.LEADER_NOT_AVAILABLE if auto_create else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -151,7 +169,10 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
         "brokers": _brokers(context, image),
         "cluster_id": context.settings.cluster_id,
         "controller_id": context.settings.broker_id,
-        "topics": [_topic(image, name, error, operations, alive) for name in listed]
+        "topics": [
+            _topic(image, name, INVALID_NAME if name in invalid else error, operations, alive)
+            for name in listed
+        ]
         + [_unknown_id(topic_id, operations) for topic_id in unknown_ids],
         "cluster_authorized_operations": CLUSTER_OPERATIONS
         if getattr(request, "include_cluster_authorized_operations", False)
@@ -181,16 +202,35 @@ async def _auto_create(
     return response
 
 
+ENDPOINT_TYPES = {1: "BROKER", 2: "CONTROLLER"}  # KIP-919's; a broker serves BROKER only
+
+
 def describe_cluster(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
-    if getattr(request, "endpoint_type", 1) != 1:  # 1: brokers; 2: controllers (KIP-919)
-        return {
-            "error_code": ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
-            "error_message": "runnel describes brokers only",
-            "endpoint_type": request.endpoint_type,
-            "cluster_id": context.settings.cluster_id,
-            "controller_id": -1,
-        }
+    endpoint_type = getattr(request, "endpoint_type", 1)
+    if endpoint_type != 1:
+        return _wrong_endpoint_type(header.api_version, endpoint_type)
     return _describe_cluster(context, request.include_cluster_authorized_operations)
+
+
+def _wrong_endpoint_type(version: int, endpoint_type: int) -> dict[str, Any]:
+    """Kafka's answer (AuthHelper.computeDescribeClusterResponse): an unknown type is
+    UNSUPPORTED_ENDPOINT_TYPE, a controller one MISMATCHED_ENDPOINT_TYPE (INVALID_REQUEST
+    for either in v0); every other field keeps its default."""
+    wanted = ENDPOINT_TYPES.get(endpoint_type)
+    if wanted is None:
+        code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
+        message = f"Unsupported endpoint type {endpoint_type}"
+    else:
+        code = ErrorCode.MISMATCHED_ENDPOINT_TYPE
+        message = (
+            f"The request was sent to an endpoint of type {ENDPOINT_TYPES[1]}, "
+            f"but we wanted an endpoint of type {wanted}"
+        )
+    return {
+        "error_code": ErrorCode.INVALID_REQUEST if version == 0 else code,
+        "error_message": message,
+        "cluster_id": "",
+    }
 
 
 async def _describe_cluster(context: BrokerContext, operations: bool) -> dict[str, Any]:

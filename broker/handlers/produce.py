@@ -12,7 +12,9 @@ one still waiting after the request's ``timeout_ms`` (at most ``MAX_ACKS_TIMEOUT
 answers REQUEST_TIMED_OUT: the records may still be committed later, as in Kafka.
 
 InitProducerId hands out a producer id (from blocks the controller allocates) at epoch 0.
-Transactions are not supported: a transactional id is refused.
+Transactions are not supported: a transactional id is refused with
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED (an empty one, or a producer id without an epoch or the
+reverse, is INVALID_REQUEST, as in Kafka).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import struct
 from typing import Any, NamedTuple
 
 from broker.context import BrokerContext
@@ -27,8 +30,16 @@ from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.producer_ids import ProducerIdBlockError
 from broker.protocol import ErrorCode, RequestHeader
 from broker.server import CloseConnection
-from replication.errors import ReplicationError
+from replication.errors import InvalidRecord, ReplicationError
 from replication.partition import Partition
+from storage.batch import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_TRANSACTIONAL,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    CompressionType,
+)
 from storage.log import AppendInfo
 
 __all__ = ["init_producer_id", "produce"]
@@ -38,6 +49,14 @@ VALID_ACKS = (-1, 0, 1)
 MAX_ACKS_TIMEOUT_MS = 300_000  # the longest an acks=-1 produce waits, whatever it asks
 _TIMED_OUT = "the in-sync replicas did not all have the records within the request's timeout"
 INVALID_RECORD_FROM = 8  # the first Produce version that knows INVALID_RECORD
+ZSTD_FROM = 7  # the first Produce version that may carry zstd batches (KIP-110)
+_NO_TRANSACTIONS = "transactions unsupported: the request holds a transactional batch"
+_INT32 = struct.Struct(">i")
+_LENGTH_AT = 8  # a batch's int32 batch_length (storage.batch has the layout)
+_MAGIC_AT = 16
+_CODEC_AT = _ATTRIBUTES_LOW_BYTE_AT = 22  # attributes is the int16 at 21
+HEADER_SIZE_UP_TO_MAGIC = 17  # Kafka's Records.HEADER_SIZE_UP_TO_MAGIC
+_MIN_BATCH_LENGTH = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: a shorter one is corrupt
 
 
 def _failed(index: int, code: int, message: str | None = None) -> dict[str, Any]:
@@ -64,6 +83,9 @@ def _append(
 ) -> dict[str, Any] | _Waiting:
     if records is None:
         return _failed(index, ErrorCode.CORRUPT_MESSAGE, "no records")
+    invalid = _invalid_records(records, version)
+    if invalid is not None:
+        return _failed(index, *invalid)
     try:
         info = partition.append_as_leader(records, acks)
     except ReplicationError as e:
@@ -91,32 +113,35 @@ def _code_for(error: ReplicationError, version: int) -> int:
 def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     acks = request.acks
     image = context.image()
+    version = header.api_version
     refuse: tuple[int, str] | None = None
-    if acks not in VALID_ACKS:
+    if _has_transactional_records(request):  # Kafka checks this before anything else
+        refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NO_TRANSACTIONS)
+    elif acks not in VALID_ACKS:
         refuse = (ErrorCode.INVALID_REQUIRED_ACKS, f"acks must be -1, 0 or 1, not {acks}")
     elif request.transactional_id is not None:
         refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions unsupported")
     responses = []
     failures = 0
     waiting: list[_Waiting] = []
-    for topic in request.topic_data:
+    for name, named in _by_partition(request).items():
         partitions = []
-        for data in topic.partition_data:
+        for index, records in named.items():
             if refuse is not None:
-                result = _failed(data.index, *refuse)
+                result = _failed(index, *refuse)
             else:
-                found = lookup_partition(context, image, topic.name, data.index)
+                found = lookup_partition(context, image, name, index)
                 if isinstance(found, Partition):
-                    appended = _append(found, data.index, data.records, acks, header.api_version)
+                    appended = _append(found, index, records, acks, version)
                     if isinstance(appended, _Waiting):
                         waiting.append(appended)
                         appended = appended.result
                     result = appended
                 else:
-                    result = _failed(data.index, found)
+                    result = _failed(index, found)
             failures += result["error_code"] != ErrorCode.NONE
             partitions.append(result)
-        responses.append({"name": topic.name, "partition_responses": partitions})
+        responses.append({"name": name, "partition_responses": partitions})
     if acks == 0:
         if failures:
             raise CloseConnection(f"acks=0 produce failed for {failures} partition(s)")
@@ -124,8 +149,59 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     body = {"responses": responses, "throttle_time_ms": 0}
     if waiting:
         timeout_ms = min(max(request.timeout_ms, 0), MAX_ACKS_TIMEOUT_MS)
-        return _committed(body, waiting, timeout_ms, header.api_version)
+        return _committed(body, waiting, timeout_ms, version)
     return body
+
+
+def _by_partition(request: Any) -> dict[str, dict[int, Any]]:
+    """Each named partition's records by topic, in the order first named. A partition named
+    twice keeps its last records and is answered once: Kafka keys the request's partitions
+    by TopicPartition in a map (KafkaApis.handleProduceRequest)."""
+    out: dict[str, dict[int, Any]] = {}
+    for topic in request.topic_data:
+        named = out.setdefault(topic.name, {})
+        for data in topic.partition_data:
+            named[data.index] = data.records
+    return out
+
+
+def _has_transactional_records(request: Any) -> bool:
+    """Whether a partition's first batch is transactional (Kafka's
+    RequestUtils.hasTransactionalRecords): one byte read per partition."""
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            records = data.records
+            if (
+                records is not None
+                and len(records) >= HEADER_SIZE
+                and records[_MAGIC_AT] == MAGIC_V2
+                and records[_ATTRIBUTES_LOW_BYTE_AT] & ATTR_TRANSACTIONAL
+            ):
+                return True
+    return False
+
+
+def _invalid_records(records: Any, version: int) -> tuple[int, str] | None:
+    """Kafka's ProduceRequest.validateRecords for Produce v3+: no zstd before v7 (KIP-110),
+    and exactly one batch per partition. The log finds what else is wrong with the bytes
+    (framing, CRC, magic: CORRUPT_MESSAGE), so bytes after the first batch that Kafka's batch
+    iterator would not take for a batch (too short, or cut off) are left to it."""
+    size = len(records)
+    if size < HEADER_SIZE or records[_MAGIC_AT] != MAGIC_V2:
+        return None
+    if version < ZSTD_FROM and records[_CODEC_AT] & ATTR_COMPRESSION_MASK == CompressionType.ZSTD:
+        message = f"Produce requests with version {version} are not allowed to use ZStandard"
+        return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, message + " compression"
+    end = LOG_OVERHEAD + _INT32.unpack_from(records, _LENGTH_AT)[0]
+    if 0 < end <= size - HEADER_SIZE_UP_TO_MAGIC:
+        length = _INT32.unpack_from(records, end + _LENGTH_AT)[0]
+        if _MIN_BATCH_LENGTH <= length <= size - end - LOG_OVERHEAD:
+            message = (
+                f"Produce requests with version {version} are only allowed to contain exactly "
+                "one record batch per partition"
+            )
+            return _code_for(InvalidRecord(message), version), message
+    return None
 
 
 class _Commits:
@@ -189,6 +265,14 @@ async def _committed(
 
 
 def init_producer_id(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
+    """Kafka's checks in its order (KafkaApis.handleInitProducerIdRequest, then
+    TransactionCoordinator.handleInitProducerId): v3+ producer id and epoch both -1 or
+    neither, else INVALID_REQUEST; an empty transactional id is INVALID_REQUEST; any other
+    transactional id is refused (no transactions). An idempotent producer's (id, epoch), when
+    given, is not bumped: it gets a new id at epoch 0, as Kafka answers it."""
+    id_unset, epoch_unset = request.producer_id == -1, request.producer_epoch == -1
+    if id_unset != epoch_unset or request.transactional_id == "":
+        return {"error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1, "producer_epoch": -1}
     if request.transactional_id is not None:
         return {
             "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,

@@ -2,8 +2,9 @@
 the broker's replicas and the controller's elections resolve it (broker/handlers/configs.py):
 the topic's own entry, this broker's dynamic broker config, the cluster-wide one, the node's
 ``[log]`` section or the built-in default; ``unclean.leader.election.enable`` skips this
-broker's own value, as the elections do. Through the real dispatcher and codec, in process
-(the harness of test_dispatcher.py)."""
+broker's own value, as the elections do. Also which names and keys it answers for, as Kafka's
+ConfigHelper. Through the real dispatcher and codec, in process (the harness of
+test_dispatcher.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from controller.image import MetadataDelta
 TOPIC, BROKER = rec.ConfigResourceType.TOPIC, rec.ConfigResourceType.BROKER
 # Kafka's ConfigSource codes
 TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER, DEFAULT = 1, 2, 3, 5
+UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION = 3, 17
 
 
 @pytest.fixture
@@ -71,3 +73,39 @@ def test_unclean_election_is_shown_as_the_elections_read_it(broker: Harness) -> 
     assert described(broker)["unclean.leader.election.enable"] == ("true", DYNAMIC_DEFAULT_BROKER)
     configure(broker, (TOPIC, "orders", "unclean.leader.election.enable", "false"))
     assert described(broker)["unclean.leader.election.enable"] == ("false", TOPIC_CONFIG)
+
+
+def describe(harness: Harness, name: str, keys: list[str] | None) -> tuple[int, list[str]]:
+    resource = {"resource_type": int(TOPIC), "resource_name": name, "configuration_keys": keys}
+    (result,) = harness.ask(ApiKey.DESCRIBE_CONFIGS, 4, {"resources": [resource]}).results
+    return result.error_code, [c.name for c in result.configs]
+
+
+def test_an_empty_list_of_keys_asks_for_every_config_as_none_does(broker: Harness) -> None:
+    everything = describe(broker, "orders", None)
+    assert everything[0] == 0 and "retention.ms" in everything[1]
+    assert describe(broker, "orders", []) == everything  # kafka-python's configs={}
+    assert describe(broker, "orders", ["retention.ms"]) == (0, ["retention.ms"])
+
+
+@pytest.mark.parametrize("name", ["a b", "", "..", "x" * 250])
+def test_an_invalid_topic_name_is_invalid_topic_exception_before_it_is_looked_up(
+    broker: Harness, name: str
+) -> None:
+    assert describe(broker, name, None) == (INVALID_TOPIC_EXCEPTION, [])
+
+
+def test_a_valid_name_of_no_topic_is_unknown_topic_or_partition(broker: Harness) -> None:
+    for name in ("missing", "__cluster_metadata"):  # Kafka does not reserve the second
+        assert describe(broker, name, None) == (UNKNOWN_TOPIC_OR_PARTITION, [])
+
+
+def test_kafka_configs_runnel_does_not_implement_are_described_as_what_it_does(
+    broker: Harness,
+) -> None:
+    before = described(broker)
+    assert before["compression.type"] == ("producer", DEFAULT)
+    assert before["preallocate"] == ("false", DEFAULT)
+    assert before["flush.messages"] == (str(2**63 - 1), DEFAULT)  # Kafka's "never"
+    configure(broker, (TOPIC, "orders", "compression.type", "producer"))
+    assert described(broker)["compression.type"] == ("producer", TOPIC_CONFIG)

@@ -153,6 +153,31 @@ def test_auto_create_asks_the_controller_and_answers_leader_not_available(
     ]
 
 
+@pytest.mark.parametrize("harness", ["broker", "auto_creating"])
+def test_an_unknown_topic_with_an_illegal_name_is_invalid_topic_and_never_created(
+    harness: str, request: pytest.FixtureRequest
+) -> None:
+    """Kafka validates the name of a topic it does not have (Topic.validate in
+    KafkaApis.getTopicMetadata; AutoTopicCreationManager sends no such name on)."""
+    broker: Harness = request.getfixturevalue(harness)
+    names = ["bad name!", "x" * 300, "..", "orders", "fine-name"]
+    response = metadata_of(broker, names)
+    fine = (
+        ErrorCode.LEADER_NOT_AVAILABLE
+        if harness == "auto_creating"
+        else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    assert [(t.name, t.error_code) for t in response.topics] == [
+        ("bad name!", ErrorCode.INVALID_TOPIC_EXCEPTION),
+        ("x" * 300, ErrorCode.INVALID_TOPIC_EXCEPTION),
+        ("..", ErrorCode.INVALID_TOPIC_EXCEPTION),
+        ("orders", ErrorCode.NONE),
+        ("fine-name", fine),
+    ]
+    created = [t.name for _, r in broker.controller.calls for t in r.topics]
+    assert created == (["fine-name"] if harness == "auto_creating" else [])
+
+
 def test_a_client_that_forbids_auto_create_is_obeyed(auto_creating: Harness) -> None:
     (topic,) = metadata_of(auto_creating, ["fresh"], allow=False).topics
     assert topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

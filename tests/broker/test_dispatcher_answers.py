@@ -1,14 +1,15 @@
 """What the handlers answer, through the real dispatcher and codec, for behaviours the other
 tests do not reach: the cluster view a client gets (fenced brokers left out, racks, offline
 replicas, each listener's addresses), the refusals of what runnel does not support
-(APPEND/SUBTRACT, manual replica assignments, transactions), broker DescribeConfigs, topics
+(manual replica assignments, transactions), the config requests' checks on this broker and
+APPEND/SUBTRACT forwarded, broker DescribeConfigs, topics
 named by id, read_committed fetches, the idempotent producer on the wire and the cap on an
 acks=-1 wait.
 
 The harness is ``test_dispatcher``'s (one broker, id 1, leading "orders" partition 0); other
 metadata images are built by replaying records onto it, as the broker's image would be.
-The controller is a stand-in that answers as the real one does and records what it was
-asked; a request the stand-in is not made for fails the test.
+The controller is a stand-in that answers with the real controller's decisions and records
+what it was asked; a request the stand-in is not made for fails the test.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import itertools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,10 @@ from broker.protocol import ApiKey, ErrorCode, decode_response
 from broker.server import ConnectionInfo
 from controller import configs as controller_configs
 from controller import records as rec
+from controller import topics as controller_topics
 from controller.configs import BROKER_CONFIGS
 from controller.image import MetadataDelta, MetadataImage
+from controller.outcome import DecisionError, Outcome
 from controller.records import ConfigResourceType
 from proto import controller_pb2 as cpb
 
@@ -48,33 +52,40 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType codes
 
 class Controller(FakeController):
     """Answers DescribeCluster (with the real controller's function, over the broker's
-    current image) and DeleteTopics (the topics go from the broker's image, as once the
-    controller's records reach it); anything else forwarded fails the test."""
+    current image) and the topic, config and producer-id requests with the real controller's
+    decisions, their records replayed onto the broker's image at once (as once they reach
+    it); anything else forwarded fails the test."""
 
     def __init__(self, harness: Harness) -> None:
         super().__init__()
         self.harness = harness
+        topic_ids = (n.to_bytes(16, "big") for n in itertools.count(1))
+        self.decisions: dict[str, Callable[[MetadataImage, Any], Outcome[Any]]] = {
+            "CreateTopics": lambda image, request: controller_topics.create_topics(
+                image, request, controller_topics.TopicDefaults(), lambda: next(topic_ids), 0
+            ),
+            "DeleteTopics": controller_topics.delete_topics,
+            "CreatePartitions": lambda image, request: controller_topics.create_partitions(
+                image, request, 0
+            ),
+            "AllocateProducerIds": controller_configs.allocate_producer_ids,
+            "IncrementalAlterConfigs": controller_configs.incremental_alter_configs,
+        }
 
     async def call(self, method: str, request: Any) -> Any:
+        self.calls.append((method, request))
         image = self.harness.image
         if method == "DescribeCluster":
-            self.calls.append((method, request))
             return controller_configs.describe_cluster(image, {}, 1, image.offset)
-        if method == "DeleteTopics":
-            self.calls.append((method, request))
-            removed = [image.topic_ids[n] for n in request.names if n in image.topic_ids]
-            set_image(self.harness, replayed(image, [rec.remove_topic(t) for t in removed]))
-            return cpb.DeleteTopicsResponse(
-                topics=[
-                    cpb.TopicResult(
-                        name=n,
-                        error=cpb.NONE if n in image.topic_ids else cpb.UNKNOWN_TOPIC_OR_PARTITION,
-                    )
-                    for n in request.names
-                ]
-            )
-        self.calls.append((method, request))
-        raise AssertionError(f"unexpected {method}: nothing else is forwarded in these tests")
+        if method not in self.decisions:
+            raise AssertionError(f"unexpected {method}: nothing else is forwarded in these tests")
+        try:
+            outcome = self.decisions[method](image, request)
+        except DecisionError as e:  # as controller.service answers it
+            header = cpb.ResponseHeader(error=e.code, message=e.message)  # type: ignore[arg-type]
+            return getattr(cpb, f"{method}Response")(header=header)
+        set_image(self.harness, replayed(image, outcome.records))
+        return outcome.response
 
 
 def replayed(base: MetadataImage, records: Sequence[rec.MetadataRecord]) -> MetadataImage:
@@ -233,28 +244,99 @@ def test_describe_cluster_asks_the_controller_and_answers_unfenced_brokers_with_
 # -- refusals of what runnel does not support ---------------------------------------------------
 
 
-def test_incremental_alter_configs_refuses_append_and_subtract_without_forwarding(
-    broker: Harness,
-) -> None:
-    def resource(kind: int, name: str, config: str, *ops: int) -> dict[str, Any]:
-        configs = [{"name": config, "config_operation": op, "value": "compact"} for op in ops]
-        return {"resource_type": kind, "resource_name": name, "configs": configs}
-
-    body = {
-        "resources": [
-            resource(TOPIC_RESOURCE, "orders", "cleanup.policy", APPEND),
-            resource(BROKER_RESOURCE, "", "log.cleanup.policy", SUBTRACT),
-            resource(BROKER_RESOURCE, str(ME), "log.cleanup.policy", SET, APPEND),
-        ],
-        "validate_only": False,
+def config_resource(kind: int, name: str, *configs: tuple[str, int, str | None]) -> dict[str, Any]:
+    return {
+        "resource_type": kind,
+        "resource_name": name,
+        "configs": [{"name": n, "config_operation": op, "value": v} for n, op, v in configs],
     }
+
+
+def alter_incrementally(broker: Harness, *resources: dict[str, Any]) -> list[tuple[str, int, str]]:
+    body = {"resources": list(resources), "validate_only": False}
     response = broker.ask(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, body)
-    assert [(r.resource_name, r.error_code) for r in response.responses] == [
-        ("orders", ErrorCode.INVALID_REQUEST),
-        ("", ErrorCode.INVALID_REQUEST),
-        (str(ME), ErrorCode.INVALID_REQUEST),
+    return [(r.resource_name, r.error_code, r.error_message) for r in response.responses]
+
+
+def alter_legacy(broker: Harness, *resources: dict[str, Any]) -> list[tuple[str, int, str]]:
+    for resource in resources:  # AlterConfigs entries have no operation
+        resource["configs"] = [
+            {"name": c["name"], "value": c["value"]} for c in resource["configs"]
+        ]
+    body = {"resources": list(resources), "validate_only": False}
+    response = broker.ask(ApiKey.ALTER_CONFIGS, 2, body)
+    return [(r.resource_name, r.error_code, r.error_message) for r in response.responses]
+
+
+def test_append_and_subtract_are_forwarded_and_change_list_configs(broker: Harness) -> None:
+    topic = ConfigResourceType.TOPIC
+    append = config_resource(TOPIC_RESOURCE, "orders", ("cleanup.policy", APPEND, "compact"))
+    assert alter_incrementally(broker, append) == [("orders", ErrorCode.NONE, None)]
+    assert broker.image.configs[(topic, "orders")] == {"cleanup.policy": "compact,delete"}
+    subtract = config_resource(TOPIC_RESOURCE, "orders", ("cleanup.policy", SUBTRACT, "delete"))
+    assert alter_incrementally(broker, subtract) == [("orders", ErrorCode.NONE, None)]
+    assert broker.image.configs[(topic, "orders")] == {"cleanup.policy": "compact"}
+    not_a_list = config_resource(TOPIC_RESOURCE, "orders", ("retention.ms", APPEND, "5"))
+    assert alter_incrementally(broker, not_a_list) == [
+        (
+            "orders",
+            ErrorCode.INVALID_CONFIG,
+            "Can't APPEND to key retention.ms because its type is not LIST.",
+        )
     ]
-    assert all("APPEND or SUBTRACT" in r.error_message for r in response.responses)
+    assert [m for m, _ in broker.controller.calls] == ["IncrementalAlterConfigs"] * 3
+
+
+def test_alter_configs_of_another_broker_is_refused_without_forwarding(broker: Harness) -> None:
+    def resources() -> list[dict[str, Any]]:
+        return [
+            config_resource(BROKER_RESOURCE, name, ("log.retention.ms", SET, "1000"))
+            for name in ("999", "x")
+        ]
+
+    expected = [
+        (
+            "999",
+            ErrorCode.INVALID_REQUEST,
+            f"Unexpected broker id, expected {ME}, but received 999",
+        ),
+        ("x", ErrorCode.INVALID_REQUEST, "Node id must be an integer, but it is: x"),
+    ]
+    assert alter_incrementally(broker, *resources()) == expected
+    assert alter_legacy(broker, *resources()) == expected
+    assert broker.controller.calls == []
+    mine = config_resource(BROKER_RESOURCE, str(ME), ("log.retention.ms", SET, "1000"))
+    cluster_wide = config_resource(BROKER_RESOURCE, "", ("log.retention.ms", SET, "2000"))
+    assert [code for _, code, _ in alter_incrementally(broker, mine, cluster_wide)] == [0, 0]
+
+
+def test_a_config_named_twice_is_refused_without_forwarding(broker: Harness) -> None:
+    def twice() -> dict[str, Any]:
+        return config_resource(
+            TOPIC_RESOURCE, "orders", ("retention.ms", SET, "1000"), ("retention.ms", SET, "2000")
+        )
+
+    expected = [("orders", ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")]
+    assert alter_legacy(broker, twice()) == expected
+    assert alter_incrementally(broker, twice()) == expected
+    assert broker.controller.calls == []
+
+
+def test_a_null_value_is_refused_without_forwarding_except_in_a_delete(broker: Harness) -> None:
+    def with_nulls(*ops: int) -> dict[str, Any]:
+        names = ("retention.ms", "segment.ms", "cleanup.policy", "flush.ms")
+        return config_resource(
+            TOPIC_RESOURCE, "orders", *((n, op, None) for n, op in zip(names, ops, strict=False))
+        )
+
+    message = "Null value not supported for : retention.ms, segment.ms"
+    assert alter_legacy(broker, with_nulls(SET, SET)) == [
+        ("orders", ErrorCode.INVALID_REQUEST, message)
+    ]
+    message = "Null value not supported for : retention.ms, cleanup.policy, flush.ms"
+    assert alter_incrementally(broker, with_nulls(SET, DELETE, APPEND, SUBTRACT)) == [
+        ("orders", ErrorCode.INVALID_REQUEST, message)
+    ]
     assert broker.controller.calls == []
 
 
@@ -333,7 +415,7 @@ def test_describe_configs_of_a_broker_lists_its_configs_and_where_dynamic_ones_c
         for name in ("", str(ME), "7", "x")
     ]
     body = {"resources": resources, "include_synonyms": False, "include_documentation": False}
-    cluster_wide, mine, unknown, bad = broker.ask(ApiKey.DESCRIBE_CONFIGS, 4, body).results
+    cluster_wide, mine, other, bad = broker.ask(ApiKey.DESCRIBE_CONFIGS, 4, body).results
 
     def dynamic(result: Any) -> dict[str, tuple[str, int]]:
         return {
@@ -342,20 +424,37 @@ def test_describe_configs_of_a_broker_lists_its_configs_and_where_dynamic_ones_c
             if c.config_source in (DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER)
         }
 
-    for result in (cluster_wide, mine):
-        assert result.error_code == ErrorCode.NONE
-        assert [c.name for c in result.configs] == sorted(BROKER_CONFIGS)
-    assert dynamic(cluster_wide) == {
-        "log.retention.ms": ("2000", DYNAMIC_DEFAULT_BROKER),
-        "log.segment.bytes": ("1048576", DYNAMIC_DEFAULT_BROKER),
-    }
+    assert (mine.error_code, [c.name for c in mine.configs]) == (0, sorted(BROKER_CONFIGS))
     assert dynamic(mine) == {
         "log.retention.ms": ("1000", DYNAMIC_BROKER),  # its own value before the cluster's
         "log.segment.bytes": ("1048576", DYNAMIC_DEFAULT_BROKER),
     }
-    for result, name in ((unknown, "7"), (bad, "x")):
-        assert (result.resource_name, result.error_code) == (name, ErrorCode.INVALID_REQUEST)
-        assert result.configs == []
+    # "": only the cluster-wide entries set, as Kafka's currentDynamicDefaultConfigs
+    assert cluster_wide.error_code == ErrorCode.NONE
+    assert [(c.name, c.value, c.config_source) for c in cluster_wide.configs] == [
+        ("log.retention.ms", "2000", DYNAMIC_DEFAULT_BROKER),
+        ("log.segment.bytes", "1048576", DYNAMIC_DEFAULT_BROKER),
+    ]
+    assert [(r.resource_name, r.error_code, r.error_message, r.configs) for r in (other, bad)] == [
+        (
+            "7",
+            ErrorCode.INVALID_REQUEST,
+            f"Unexpected broker id, expected {ME} or empty string, but received 7",
+            [],
+        ),
+        ("x", ErrorCode.INVALID_REQUEST, "Broker id must be an integer, but it is: x", []),
+    ]
+
+
+def test_describe_configs_of_another_registered_broker_is_invalid_request(cluster: Harness) -> None:
+    resource = {
+        "resource_type": BROKER_RESOURCE,
+        "resource_name": str(PEER),
+        "configuration_keys": None,
+    }
+    body = {"resources": [resource], "include_synonyms": False, "include_documentation": False}
+    (result,) = cluster.ask(ApiKey.DESCRIBE_CONFIGS, 4, body).results
+    assert (result.error_code, result.configs) == (ErrorCode.INVALID_REQUEST, [])
 
 
 # -- topics named by id -------------------------------------------------------------------------
@@ -395,11 +494,184 @@ def test_delete_topics_v6_by_id_forwards_the_topic_s_name(broker: Harness) -> No
     response = broker.ask(ApiKey.DELETE_TOPICS, 6, {"topics": topics, "timeout_ms": 5000})
     ((method, request),) = broker.controller.calls
     assert (method, list(request.names)) == ("DeleteTopics", ["orders"])
-    assert [(r.name, r.topic_id, r.error_code) for r in response.responses] == [
+    # the controller deletes "orders" only if it still has that id (this image may lag)
+    assert dict(request.topic_ids) == {"orders": TOPIC_ID}
+    assert {(r.name, r.topic_id, r.error_code) for r in response.responses} == {
         ("orders", uuid.UUID(bytes=TOPIC_ID), ErrorCode.NONE),
         (None, unknown, ErrorCode.UNKNOWN_TOPIC_ID),
-    ]
+    }  # in no promised order: Kafka shuffles them
     assert "orders" not in broker.image.topic_ids
+
+
+# -- Kafka's checks of admin requests, DescribeCluster and InitProducerId ------------------------
+
+ZERO_ID = uuid.UUID(int=0)
+
+
+def with_topics(harness: Harness, *names: str) -> dict[str, uuid.UUID]:
+    """Adds one-partition topics (ids 0x70, 0x71, ...) to the broker's image; their ids."""
+    ids = {name: bytes([0x70 + i]) * 16 for i, name in enumerate(names)}
+    records = [rec.topic(name, i) for name, i in ids.items()]
+    records += [rec.partition(i, 0, [ME], [ME], leader=ME) for i in ids.values()]
+    set_image(harness, replayed(harness.image, records))
+    return {name: uuid.UUID(bytes=i) for name, i in ids.items()}
+
+
+def deleted(harness: Harness, version: int, body: dict[str, Any]) -> set[tuple[Any, ...]]:
+    response = harness.ask(ApiKey.DELETE_TOPICS, version, body | {"timeout_ms": 5000})
+    return {(r.name, r.topic_id, r.error_code, r.error_message) for r in response.responses}
+
+
+def test_delete_topics_v6_refuses_an_entry_with_both_a_name_and_an_id_or_neither(
+    broker: Harness,
+) -> None:
+    unknown = uuid.UUID(bytes=b"\xee" * 16)
+    topics = [{"name": "orders", "topic_id": unknown}, {"name": None, "topic_id": ZERO_ID}]
+    assert deleted(broker, 6, {"topics": topics}) == {
+        ("orders", unknown, ErrorCode.INVALID_REQUEST,
+         "You may not specify both topic name and topic id."),
+        (None, ZERO_ID, ErrorCode.INVALID_REQUEST, "Neither topic name nor id were specified."),
+    }  # fmt: skip
+    assert broker.controller.calls == [] and "orders" in broker.image.topic_ids
+
+
+def test_delete_topics_by_name_answers_the_topic_s_id(broker: Harness) -> None:
+    topics = [{"name": "orders", "topic_id": ZERO_ID}]
+    assert deleted(broker, 6, {"topics": topics}) == {
+        ("orders", uuid.UUID(bytes=TOPIC_ID), ErrorCode.NONE, None)
+    }
+    assert "orders" not in broker.image.topic_ids
+
+
+def test_delete_topics_answers_each_repeated_name_or_id_once_and_deletes_none_of_them(
+    broker: Harness,
+) -> None:
+    ids = with_topics(broker, "payments", "audit", "spare")
+    topics = [
+        {"name": "orders", "topic_id": ZERO_ID},
+        {"name": None, "topic_id": ids["payments"]},
+        {"name": "orders", "topic_id": ZERO_ID},
+        {"name": None, "topic_id": ids["payments"]},
+        {"name": None, "topic_id": ids["audit"]},
+        {"name": "audit", "topic_id": ZERO_ID},  # the name of an id given too
+        {"name": "spare", "topic_id": ZERO_ID},
+    ]
+    assert deleted(broker, 6, {"topics": topics}) == {
+        ("orders", ZERO_ID, ErrorCode.INVALID_REQUEST, "Duplicate topic name."),
+        (None, ids["payments"], ErrorCode.INVALID_REQUEST, "Duplicate topic id."),
+        ("audit", ids["audit"], ErrorCode.INVALID_REQUEST,
+         "The provided topic name maps to an ID that was already supplied."),
+        ("spare", ids["spare"], ErrorCode.NONE, None),
+    }  # fmt: skip
+    assert [list(r.names) for _, r in broker.controller.calls] == [["spare"]]
+    assert sorted(broker.image.topic_ids) == ["audit", "orders", "payments"]
+    (v5,) = deleted(broker, 5, {"topic_names": ["orders", "orders"]})
+    assert v5[0::2] == ("orders", ErrorCode.INVALID_REQUEST)
+
+
+def test_create_topics_answers_a_repeated_name_once_even_with_assignments(broker: Harness) -> None:
+    def topic(name: str, *assigned: int) -> dict[str, Any]:
+        assignments = [{"partition_index": 0, "broker_ids": [b]} for b in assigned]
+        return {
+            "name": name, "num_partitions": 1 if not assigned else -1, "replication_factor": 1,
+            "assignments": assignments, "configs": [],
+        }  # fmt: skip
+
+    topics = [topic("twice"), topic("fresh"), topic("twice", ME)]
+    response = broker.ask(ApiKey.CREATE_TOPICS, 7, {"topics": topics, "timeout_ms": 5000})
+    assert [(t.name, t.error_code, t.error_message) for t in response.topics] == [
+        ("twice", ErrorCode.INVALID_REQUEST, "Duplicate topic name."),
+        ("fresh", ErrorCode.NONE, None),
+    ]
+    assert "fresh" in broker.image.topic_ids and "twice" not in broker.image.topic_ids
+
+
+def test_create_topics_asking_over_10000_partitions_in_all_is_refused_for_every_entry(
+    broker: Harness,
+) -> None:
+    def topic(name: str, partitions: int) -> dict[str, Any]:
+        return {
+            "name": name, "num_partitions": partitions, "replication_factor": 1,
+            "assignments": [], "configs": [],
+        }  # fmt: skip
+
+    # 10,001 in all; a repeated name counts nothing, but is answered at each entry
+    topics = [topic("a", 6000), topic("b", 4000), topic("d", 9), topic("c", 1), topic("d", 1)]
+    response = broker.ask(ApiKey.CREATE_TOPICS, 7, {"topics": topics, "timeout_ms": 5000})
+    message = "Excessively large number of partitions per request."
+    assert [(t.name, t.error_code, t.error_message) for t in response.topics] == [
+        (n, ErrorCode.POLICY_VIOLATION, message) for n in ("a", "b", "d", "c", "d")
+    ]
+    assert [(t.num_partitions, t.replication_factor) for t in response.topics] == [(-1, -1)] * 5
+    assert sorted(broker.image.topic_ids) == ["orders"]
+
+
+def test_create_partitions_answers_a_repeated_name_once(broker: Harness) -> None:
+    topics = [{"name": "orders", "count": 2, "assignments": None}] * 2
+    body = {"topics": topics, "timeout_ms": 5000, "validate_only": False}
+    results = broker.ask(ApiKey.CREATE_PARTITIONS, 3, body).results
+    assert [(r.name, r.error_code, r.error_message) for r in results] == [
+        ("orders", ErrorCode.INVALID_REQUEST, "Duplicate topic name.")
+    ]
+    assert len(broker.image.topics[TOPIC_ID].partitions) == 1
+
+
+def test_describe_cluster_of_controllers_is_a_mismatched_endpoint_type_and_unknown_unsupported(
+    broker: Harness,
+) -> None:
+    def ask(endpoint_type: int) -> tuple[int, str, str, int]:
+        body = {"include_cluster_authorized_operations": False, "endpoint_type": endpoint_type}
+        r = broker.ask(ApiKey.DESCRIBE_CLUSTER, 1, body)
+        return (r.error_code, r.error_message, r.cluster_id, r.controller_id)
+
+    assert ask(2) == (
+        ErrorCode.MISMATCHED_ENDPOINT_TYPE,
+        "The request was sent to an endpoint of type BROKER, "
+        "but we wanted an endpoint of type CONTROLLER",
+        "",
+        -1,
+    )
+    for unknown in (0, 3):
+        assert ask(unknown) == (
+            ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+            f"Unsupported endpoint type {unknown}",
+            "",
+            -1,
+        )
+    assert broker.controller.calls == []
+
+
+@pytest.mark.parametrize(
+    ("transactional_id", "producer_id", "producer_epoch"),
+    [("", -1, -1), (None, 5, -1), (None, -1, 3), ("tx-1", 5, -1)],
+)
+def test_init_producer_id_refuses_an_empty_transactional_id_or_half_a_producer(
+    broker: Harness, transactional_id: str | None, producer_id: int, producer_epoch: int
+) -> None:
+    body = {
+        "transactional_id": transactional_id,
+        "transaction_timeout_ms": 60_000,
+        "producer_id": producer_id,
+        "producer_epoch": producer_epoch,
+    }
+    response = broker.ask(ApiKey.INIT_PRODUCER_ID, 4, body)
+    assert (response.error_code, response.producer_id, response.producer_epoch) == (
+        ErrorCode.INVALID_REQUEST,
+        -1,
+        -1,
+    )
+    assert broker.controller.calls == []
+
+
+def test_init_producer_id_with_an_idempotent_producer_s_id_and_epoch_gets_a_new_id(
+    broker: Harness,
+) -> None:
+    body = {"transactional_id": None, "transaction_timeout_ms": 60_000}
+    response = broker.ask(
+        ApiKey.INIT_PRODUCER_ID, 4, body | {"producer_id": 5, "producer_epoch": 3}
+    )
+    assert (response.error_code, response.producer_epoch) == (ErrorCode.NONE, 0)
+    assert response.producer_id >= 0 and response.producer_id != 5
 
 
 # -- Fetch isolation levels ---------------------------------------------------------------------

@@ -97,6 +97,32 @@ def test_a_follower_with_a_diverging_epoch_is_told_where_the_epoch_ends(leader: 
     asyncio.run(main())
 
 
+def test_a_consumer_naming_its_last_fetched_epoch_is_told_where_its_log_diverges(
+    leader: Leader,
+) -> None:
+    """Kafka's Partition.readRecords checks the last fetched epoch of every fetch that sets
+    it (Fetch v12+), a consumer's too: a diverging epoch and no records."""
+
+    async def main() -> None:
+        leader.produce([b"a", b"b"], acks=1)
+        only(leader.fetch(0))
+        assert only(leader.fetch(2)).high_watermark == 2
+        # It read offsets 2 and 3 of epoch 0 from a leader whose log was then truncated.
+        answer = only(leader.fetch(4, replica_id=-1, last_epoch=0))
+        assert answer.error_code == ErrorCode.NONE
+        assert (answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset) == (0, 2)
+        assert values(answer.records) == []
+        unknown = only(leader.fetch(1, replica_id=-1, last_epoch=3))  # no end known here
+        assert unknown.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+        agreed = only(leader.fetch(1, replica_id=-1, last_epoch=0))
+        assert agreed.diverging_epoch is None or agreed.diverging_epoch.epoch == -1
+        assert values(agreed.records) == [b"a", b"b"]  # the batch holding offset 1
+        fenced = only(leader.fetch(1, replica_id=-1, last_epoch=3, leader_epoch=1))
+        assert fenced.error_code == ErrorCode.UNKNOWN_LEADER_EPOCH  # the epoch check first
+
+    asyncio.run(main())
+
+
 def test_a_parked_follower_fetch_is_answered_by_the_next_append(leader: Leader) -> None:
     async def main() -> None:
         parked = asyncio.ensure_future(leader.fetch(0, wait_ms=5000))

@@ -197,6 +197,160 @@ def test_settings_are_checked_together_with_the_topic_s_current_entries() -> Non
     assert "segment_jitter_ms must be below segment_ms" in result.message
 
 
+APPEND, SUBTRACT = 2, 3  # Kafka's OpType ids, in AlterConfigOp's open enum
+
+
+def test_append_adds_the_values_not_yet_in_a_list_config_to_its_default() -> None:
+    image = cluster()  # cleanup.policy unset: the default, "delete", is appended to
+    outcome = incremental_alter_configs(
+        image, alter(TOPIC, "orders", ("cleanup.policy", APPEND, "compact,delete"))
+    )
+    assert outcome.response.resources[0].error == cpb.NONE
+    assert replay(image, outcome.records).configs[(TOPIC, "orders")] == {
+        "cleanup.policy": "compact,delete"
+    }
+
+
+def test_subtract_removes_values_and_the_result_is_checked_as_a_set() -> None:
+    image = cluster(rec.config(TOPIC, "orders", "cleanup.policy", "compact,delete"))
+    outcome = incremental_alter_configs(
+        image, alter(TOPIC, "orders", ("cleanup.policy", SUBTRACT, "delete"))
+    )
+    assert replay(image, outcome.records).configs[(TOPIC, "orders")] == {
+        "cleanup.policy": "compact"
+    }
+    emptied = alter(TOPIC, "orders", ("cleanup.policy", SUBTRACT, "compact,delete"))
+    result = refused(image, emptied)
+    assert result.error == cpb.INVALID_CONFIG and "not delete, compact" in result.message
+
+
+def test_append_and_subtract_work_on_the_broker_default_cleanup_policy() -> None:
+    image = cluster()
+    outcome = incremental_alter_configs(
+        image, alter(BROKER, "", ("log.cleanup.policy", APPEND, "compact"))
+    )
+    image = replay(image, outcome.records)
+    assert image.configs[(BROKER, "")] == {"log.cleanup.policy": "compact,delete"}
+    outcome = incremental_alter_configs(
+        image, alter(BROKER, "", ("log.cleanup.policy", SUBTRACT, "compact"))
+    )
+    assert replay(image, outcome.records).configs[(BROKER, "")] == {"log.cleanup.policy": "delete"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "op"),
+    [
+        (TOPIC, "retention.ms", APPEND),
+        (TOPIC, "compression.type", SUBTRACT),
+        (BROKER, "log.retention.ms", APPEND),
+    ],
+)
+def test_append_or_subtract_to_a_config_that_is_not_a_list_is_invalid_config(
+    kind: ConfigResourceType, key: str, op: int
+) -> None:
+    result = refused(cluster(), alter(kind, "orders" if kind == TOPIC else "", (key, op, "1")))
+    name = {APPEND: "APPEND", SUBTRACT: "SUBTRACT"}[op]
+    assert (result.error, result.message) == (
+        cpb.INVALID_CONFIG,
+        f"Can't {name} to key {key} because its type is not LIST.",
+    )
+
+
+def test_append_to_an_unknown_name_is_refused_as_unknown() -> None:
+    result = refused(cluster(), alter(TOPIC, "orders", ("retention.hours", APPEND, "1")))
+    assert result.error == cpb.INVALID_CONFIG and "unknown topic config" in result.message
+
+
+@pytest.mark.parametrize(
+    ("key", "given", "committed"),
+    [
+        ("compression.type", "producer", "producer"),
+        ("preallocate", "False", "false"),
+        ("max.compaction.lag.ms", str(2**63 - 1), str(2**63 - 1)),
+        ("message.timestamp.after.max.ms", str(2**63 - 1), str(2**63 - 1)),
+        ("file.delete.delay.ms", "0", "0"),
+        ("local.retention.ms", "-2", "-2"),
+        ("remote.storage.enable", "false", "false"),
+        ("leader.replication.throttled.replicas", "", ""),
+        ("compression.zstd.level", "3", "3"),
+    ],
+)
+def test_kafka_configs_runnel_does_not_implement_accept_what_runnel_does(
+    key: str, given: str, committed: str
+) -> None:
+    image = cluster()
+    outcome = incremental_alter_configs(image, alter(TOPIC, "orders", set_(key, given)))
+    assert outcome.response.resources[0].error == cpb.NONE
+    entries = replay(image, outcome.records).configs[(TOPIC, "orders")]
+    assert entries == {key: committed}
+    assert (key, committed, True) in describe_topic_configs(entries, LogConfig())
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "compression.type",
+            "zstd",
+            "compression.type=zstd is not supported: runnel stores batches as the producer "
+            "compressed them (compression.type=producer)",
+        ),
+        (
+            "preallocate",
+            "true",
+            "preallocate=true is not supported: runnel does not preallocate segment files "
+            "(preallocate=false)",
+        ),
+        (
+            "follower.replication.throttled.replicas",
+            "*",
+            "follower.replication.throttled.replicas=* is not supported: runnel does not "
+            "throttle replication (follower.replication.throttled.replicas='')",
+        ),
+    ],
+)
+def test_kafka_configs_runnel_does_not_implement_refuse_other_values_saying_so(
+    key: str, value: str, message: str
+) -> None:
+    result = refused(cluster(), alter(TOPIC, "orders", set_(key, value)))
+    assert (result.error, result.message) == (cpb.INVALID_CONFIG, message)
+    with pytest.raises(DecisionError, match="is not supported"):  # CreateTopics too
+        validate_topic_configs([(key, value)], LogConfig())
+
+
+def test_a_config_kafka_4_no_longer_knows_stays_unknown() -> None:
+    result = refused(
+        cluster(), alter(TOPIC, "orders", set_("message.downconversion.enable", "true"))
+    )
+    assert "unknown topic config" in result.message
+
+
+@pytest.mark.parametrize("key", ["flush.messages", "flush.ms"])
+def test_flush_settings_take_at_least_one_and_show_never_as_kafka_s_maximum(key: str) -> None:
+    never = str(2**63 - 1)
+    assert (key, never, False) in describe_topic_configs({}, LogConfig())
+    for value in ("-1", "0"):
+        result = refused(cluster(), alter(TOPIC, "orders", set_(key, value)))
+        assert result.error == cpb.INVALID_CONFIG and "below the minimum 1" in result.message
+    image = cluster()
+    outcome = incremental_alter_configs(image, alter(TOPIC, "orders", set_(key, never)))
+    entries = replay(image, outcome.records).configs[(TOPIC, "orders")]
+    assert entries == {key: never}
+    assert topic_log_config(entries, LogConfig()) == LogConfig()  # never: no flush by this
+    assert topic_log_config({key: "-1"}, LogConfig()) == LogConfig()  # as committed before
+
+
+@pytest.mark.parametrize("value", ["-1", "-2", str(-(2**63))])
+def test_any_negative_retention_bytes_is_unlimited(value: str) -> None:
+    image = cluster(rec.config(TOPIC, "orders", "retention.bytes", "1000"))
+    outcome = incremental_alter_configs(
+        image, alter(TOPIC, "orders", set_("retention.bytes", value))
+    )
+    entries = replay(image, outcome.records).configs[(TOPIC, "orders")]
+    assert entries == {"retention.bytes": "-1"}
+    assert topic_log_config(entries, LogConfig()).retention_bytes is None
+
+
 def test_alter_configs_of_an_unknown_topic_is_unknown_topic_or_partition() -> None:
     result = refused(cluster(), alter(TOPIC, "nope", set_("retention.ms", "1")))
     assert result.error == cpb.UNKNOWN_TOPIC_OR_PARTITION

@@ -263,11 +263,40 @@ def test_a_name_of_249_legal_characters_is_accepted() -> None:
     assert create(cluster(), topic(name, 1, 1)).response.topics[0].error == cpb.NONE
 
 
-def test_a_name_given_twice_is_refused_both_times() -> None:
-    outcome = create(cluster(), topic("orders", 1, 1), topic("orders", 2, 1))
-    assert outcome.records == ()
-    assert [t.error for t in outcome.response.topics] == [cpb.INVALID_REQUEST] * 2
-    assert "'orders' is given twice" in outcome.response.topics[0].message
+def test_a_name_given_twice_is_answered_once_as_a_duplicate_and_not_created() -> None:
+    outcome = create(
+        cluster(), topic("orders", 1, 1), topic("a.b", 1, 1), topic("orders", 2, 1),
+        topic("a_b", 1, 1), topic("a_b", 1, 1),
+    )  # fmt: skip
+    answered = [(t.name, t.error, t.message) for t in outcome.response.topics]
+    assert answered == [
+        ("orders", cpb.INVALID_REQUEST, "Duplicate topic name."),
+        ("a.b", cpb.NONE, ""),  # a repeated name is out of the collision check (Kafka's)
+        ("a_b", cpb.INVALID_REQUEST, "Duplicate topic name."),
+    ]
+    assert list(replay(cluster(), outcome.records).topic_ids) == ["a.b"]
+
+
+def test_a_request_asking_more_than_10000_partitions_in_all_is_refused_as_a_whole() -> None:
+    with pytest.raises(DecisionError) as e:  # the default (3) counts for -1
+        create(cluster(), topic("a", 9_997, 1), topic("b", -1, 1), topic("c", 1, 1))
+    assert (e.value.code, e.value.message) == (
+        cpb.POLICY_VIOLATION,
+        "Excessively large number of partitions per request.",
+    )
+    with pytest.raises(DecisionError):  # before every other rule, validate_only too
+        create(cluster(), topic("..", 10_001, 1), validate_only=True)
+
+
+def test_the_request_partition_total_leaves_out_repeated_names_and_counts_no_negatives() -> None:
+    outcome = create(
+        cluster(), topic("a", 9_997, 1), topic("b", -1, 1), topic("c", 0, 1),
+        topic("d", -5, 1), topic("dup", 5_000, 1), topic("dup", 5_000, 1),
+    )  # fmt: skip
+    assert [t.error for t in outcome.response.topics] == [
+        cpb.NONE, cpb.NONE, cpb.INVALID_PARTITIONS, cpb.INVALID_PARTITIONS, cpb.INVALID_REQUEST,
+    ]  # fmt: skip
+    assert replay(cluster(), outcome.records).partition_count() == 10_000
 
 
 def test_an_existing_topic_is_topic_already_exists() -> None:
@@ -302,11 +331,18 @@ def test_names_that_collide_within_one_request_are_both_refused() -> None:
     assert [t.error for t in outcome.response.topics] == [cpb.INVALID_TOPIC_EXCEPTION] * 2
 
 
-@pytest.mark.parametrize("partitions", [0, -2, 10_001])
+@pytest.mark.parametrize("partitions", [0, -2])
 def test_a_partition_count_out_of_range_is_invalid_partitions(partitions: int) -> None:
     result = refused(cluster(), topic("orders", partitions, 1))
     assert result.error == cpb.INVALID_PARTITIONS
     assert f"must be 1 to 10000 (or -1 for the default 3), not {partitions}" in result.message
+
+
+def test_the_per_topic_cap_holds_under_a_larger_per_request_limit() -> None:
+    limits = TopicLimits(max_partitions_per_request=20_000)
+    outcome = create(cluster(), topic("orders", 10_001, 1), limits=limits)
+    (result,) = outcome.response.topics
+    assert outcome.records == () and result.error == cpb.INVALID_PARTITIONS
 
 
 def test_the_per_topic_partition_limit_is_configurable() -> None:
@@ -428,10 +464,33 @@ def test_deleting_an_unknown_topic_is_unknown_topic_or_partition() -> None:
     assert replay(image, outcome.records).topic_ids == {}
 
 
-def test_a_topic_named_twice_for_deletion_is_refused_both_times() -> None:
-    outcome = delete_topics(existing("orders"), cpb.DeleteTopicsRequest(names=["orders"] * 2))
-    assert outcome.records == ()
-    assert [t.error for t in outcome.response.topics] == [cpb.INVALID_REQUEST] * 2
+def test_a_topic_deleted_by_id_is_deleted_only_if_its_name_still_has_that_id() -> None:
+    """A broker turns a DeleteTopics by id into a name from its own image, which may lag: the
+    topic may have been deleted and created again under the same name meanwhile."""
+    image = existing("orders", "payments")
+    orders, payments = image.topic_ids["orders"], image.topic_ids["payments"]
+    stale = bytes(16)  # the id of an "orders" deleted since
+    request = cpb.DeleteTopicsRequest(
+        names=["orders", "payments"], topic_ids={"orders": stale, "payments": payments}
+    )
+    outcome = delete_topics(image, request)
+    assert [(t.name, t.error, t.message, t.topic_id) for t in outcome.response.topics] == [
+        ("orders", cpb.UNKNOWN_TOPIC_ID, f"topic id {stale.hex()} no longer names topic 'orders'",
+         b""),
+        ("payments", cpb.NONE, "", payments),
+    ]  # fmt: skip
+    assert replay(image, outcome.records).topic_ids == {"orders": orders}
+
+
+def test_a_topic_named_twice_for_deletion_is_answered_once_as_a_duplicate() -> None:
+    image = existing("orders", "payments")
+    request = cpb.DeleteTopicsRequest(names=["orders", "payments", "orders", "orders"])
+    outcome = delete_topics(image, request)
+    assert [(t.name, t.error, t.message) for t in outcome.response.topics] == [
+        ("orders", cpb.INVALID_REQUEST, "Duplicate topic name."),
+        ("payments", cpb.NONE, ""),
+    ]
+    assert list(replay(image, outcome.records).topic_ids) == ["orders"]
 
 
 # -- CreatePartitions --------------------------------------------------------------------------
@@ -494,10 +553,12 @@ def test_create_partitions_of_an_unknown_topic_is_unknown_topic_or_partition() -
     )
 
 
-def test_a_topic_named_twice_for_new_partitions_is_refused_both_times() -> None:
+def test_a_topic_named_twice_for_new_partitions_is_answered_once_as_a_duplicate() -> None:
     outcome = grow(existing("orders"), ("orders", 3), ("orders", 4))
     assert outcome.records == ()
-    assert [t.error for t in outcome.response.topics] == [cpb.INVALID_REQUEST] * 2
+    assert [(t.name, t.error, t.message) for t in outcome.response.topics] == [
+        ("orders", cpb.INVALID_REQUEST, "Duplicate topic name.")
+    ]
 
 
 def test_create_partitions_needs_as_many_alive_brokers_as_the_replication_factor() -> None:
@@ -535,5 +596,7 @@ def test_limits_and_defaults_are_validated() -> None:
         TopicLimits(max_partitions_per_topic=0)
     with pytest.raises(ValueError):
         TopicLimits(max_cluster_partitions=0)
+    with pytest.raises(ValueError):
+        TopicLimits(max_partitions_per_request=0)
     with pytest.raises(ValueError):
         TopicDefaults(num_partitions=0)

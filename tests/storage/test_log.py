@@ -23,7 +23,7 @@ from storage.errors import (
 )
 from storage.loader import load_log
 from storage.log import Isolation, Log
-from storage.records import iter_decoded
+from storage.records import RecordInput, build_batch, iter_decoded
 
 
 def read_all(log: Log, start: int = 0, isolation: Isolation = Isolation.LOG_END) -> bytes:
@@ -245,6 +245,30 @@ def test_bad_input_raises_a_typed_error_and_leaves_the_log_unchanged(
     with pytest.raises(expected):
         log.append_as_leader(bytes(batch), leader_epoch=0)
     assert (log.log_end_offset, log.size_bytes, read_all(log)) == before
+
+
+def test_a_control_batch_is_refused_from_a_client_but_replicated_verbatim(
+    open_log: OpenLog,
+) -> None:
+    """Kafka's LogValidator: only a transaction coordinator writes control records; a
+    follower copies whatever its leader's log holds."""
+    marker = build_batch([RecordInput(b"\x00\x00\x00\x00", b"", 1)], is_control=True)
+    transactional = build_batch(
+        [RecordInput(None, b"t", 1)],
+        producer_id=9, producer_epoch=0, base_sequence=0, is_transactional=True,
+    )  # fmt: skip
+    log = open_log()
+    with pytest.raises(InvalidRecordError, match="control records"):
+        log.append_as_leader(marker, leader_epoch=0)
+    with pytest.raises(InvalidRecordError, match="control records"):  # nor among others
+        log.append_as_leader(make_batch([b"a"]) + marker, leader_epoch=0)
+    assert (log.log_end_offset, log.size_bytes) == (0, 0)
+    log.append_as_follower(transactional)
+    log.append_as_follower(build_batch(
+        [RecordInput(b"\x00\x00\x00\x00", b"", 1)], base_offset=1, is_control=True,
+        producer_id=9, producer_epoch=0, is_transactional=True,
+    ))  # fmt: skip
+    assert log.log_end_offset == 2
 
 
 def test_follower_rejects_offsets_that_do_not_increase(open_log: OpenLog) -> None:
