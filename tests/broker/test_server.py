@@ -283,6 +283,38 @@ def test_a_bad_size_prefix_closes_that_connection_before_any_body(
     assert "1024" in warning.getMessage() and "127.0.0.1:" in warning.getMessage()
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS), in bytes."""
+    status = Path("/proc/self/status").read_text()
+    (line,) = (x for x in status.splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_big_frame_announced_but_not_sent_holds_no_memory() -> None:
+    """A frame's buffer is made when its size prefix arrives; four connections that each
+    announce a 64 MiB frame and send 1 byte of it must not cost 4 x 64 MiB of memory (they
+    did: a zero-filled bytearray). The server runs in this process: its RSS is measured."""
+    announced, payload = 64 << 20, bytes((64 << 20) - 6)
+
+    async def test() -> None:
+        server = await started(Handler())
+        before = resident_bytes()
+        clients = [await Client.connect(server.port) for _ in range(4)]
+        for client in clients:
+            await client.send(SIZE.pack(announced) + b"T")
+        await eventually(lambda: server.bytes_received == 4 * 5, "the prefixes arrived")
+        grown = resident_bytes() - before
+        assert grown < announced // 2, f"{grown} bytes resident for 4 announced frames"
+        # and such a frame still arrives whole (the 5 MB test sends big frames at once)
+        await clients[0].send(b"E" + (7).to_bytes(4, "big") + payload)
+        assert await clients[0].receive() == (7, payload)
+        for client in clients:
+            client.close()
+        await server.close()
+
+    run(test)
+
+
 @pytest.mark.parametrize(
     "stream",
     [
