@@ -33,6 +33,7 @@ from runnel.commands import (
 
 if TYPE_CHECKING:
     from runnel.segment_reader import SegmentFile
+    from storage.dir_lock import DirLock
 
 # The tool modules (and through them the storage engine and its compression libraries) are
 # imported by the handlers, so ``runnel --help`` and every other command group stay quick.
@@ -211,14 +212,37 @@ def _run_produce(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     report = None if args.quiet else print
+    lock = _data_dir_lock(options.directory)
     try:
         result = log_produce.produce(sys.stdin.buffer, options, report=report)
     except log_produce.EpochWentBack as e:
         raise UsageError(str(e)) from None
     except (StorageError, OSError) as e:
         raise CommandError(f"{options.directory}: {e}") from e
+    finally:
+        if lock is not None:
+            lock.release()
     print(result.describe(options.directory))
     return EXIT_OK
+
+
+def _data_dir_lock(partition_dir: Path) -> DirLock | None:
+    """The lock of the node data directory ``partition_dir`` is in (one with a lock file),
+    held while the tool writes: a running node appends to the same files, and the two would
+    corrupt the log. None for a directory of no node's."""
+    from storage.dir_lock import LOCK_FILE, DataDirInUseError, DirLock
+
+    data_dir = partition_dir.resolve().parent
+    if not (data_dir / LOCK_FILE).exists():
+        return None
+    lock = DirLock(data_dir)
+    try:
+        lock.acquire()
+    except DataDirInUseError as e:
+        raise CommandError(f"{partition_dir}: not written: {e}") from None
+    except OSError as e:
+        raise CommandError(f"{partition_dir}: cannot lock its data directory: {e}") from e
+    return lock
 
 
 def _tolerate_unencodable_output() -> None:

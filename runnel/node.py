@@ -61,6 +61,7 @@ from raft.transport import GrpcTransport, TransportError
 from runnel.commands import EXIT_OK, EXIT_PROBLEM, CommandError, Subparsers, set_handler
 from runnel.config import REPLICATION_LISTENER, ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
+from storage.dir_lock import DirLock
 from storage.errors import StorageError
 from storage.log_manager import LogManager
 
@@ -81,17 +82,16 @@ class RunnelNode:
         self.is_controller = Role.CONTROLLER in config.process_roles
         self.is_broker = Role.BROKER in config.process_roles
         self.machine = MetadataStateMachine()
-        self.transport = self._transport()
-        raft_config = RaftNodeConfig(
-            config.node_id,
-            frozenset(self.voters),
-            config.metadata_log_dir,
-            config.raft,
-            snapshot_interval_records=NEVER,
-            snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
-            snapshot_interval_ms=config.controller.metadata_snapshot_interval_ms,
-        )
-        self.raft = RaftNode(raft_config, self.transport, self.machine)  # opens the log
+        # The metadata log's directory is this process's before the log is opened (a second
+        # node on it would recover, and so cut, the first one's log); the broker's log
+        # manager locks the other data directories when it starts.
+        self._metadata_dir_lock = _lock_metadata_dir(config.metadata_log_dir)
+        try:
+            self.transport = self._transport()
+            self.raft = self._raft()  # opens the log
+        except BaseException:
+            self._metadata_dir_lock.release()
+            raise
         self.controller: QuorumController | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.client: ControllerClient | None = None
@@ -105,7 +105,21 @@ class RunnelNode:
                 self.raft.close_unstarted()
             except Exception:  # the error that stopped the construction is the one to see
                 _log.exception("node %d: closing the metadata log failed", config.node_id)
+            self._metadata_dir_lock.release()
             raise
+
+    def _raft(self) -> RaftNode:
+        config = self.config
+        raft_config = RaftNodeConfig(
+            config.node_id,
+            frozenset(self.voters),
+            config.metadata_log_dir,
+            config.raft,
+            snapshot_interval_records=NEVER,
+            snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
+            snapshot_interval_ms=config.controller.metadata_snapshot_interval_ms,
+        )
+        return RaftNode(raft_config, self.transport, self.machine)
 
     def _build_roles(self) -> None:
         """The controller's and the broker's parts, on top of the Raft node."""
@@ -179,7 +193,12 @@ class RunnelNode:
                 ),
             ),
         )
-        logs = LogManager(config.data_dirs, config.log, foreign_dirs=frozenset({METADATA_LOG_DIR}))
+        logs = LogManager(
+            config.data_dirs,
+            config.log,
+            foreign_dirs=frozenset({METADATA_LOG_DIR}),
+            locked=frozenset({config.metadata_log_dir}),  # this node's already
+        )
         return KafkaBroker(
             settings,
             config.server,
@@ -273,7 +292,16 @@ class RunnelNode:
         await _stopping(node_id, "closing the Raft transport", self.transport.close())
         if self.client is not None:
             await _stopping(node_id, "closing the controller client", self.client.close())
+        self._metadata_dir_lock.release()
         _log.info("node %d stopped", node_id)
+
+
+def _lock_metadata_dir(directory: Path) -> DirLock:
+    """The metadata log's data directory, locked (DataDirInUseError if another has it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(directory)
+    lock.acquire()
+    return lock
 
 
 async def _stopping(node_id: int, what: str, step: Awaitable[object]) -> None:

@@ -6,6 +6,7 @@ Each data directory holds partition directories (``<topic>-<partition>``) and th
     replication-offset-checkpoint     per partition: the high watermark
     log-start-offset-checkpoint       per partition: the log start offset
     .kafka_cleanshutdown              present only between a clean shutdown and the next start
+    .lock                             flock-ed while a manager owns the directory (dir_lock)
 
 At start-up the marker is read and removed (so a crash from then on is detected), and every
 partition is loaded, recovering it unless the shutdown was clean. The checkpoints are
@@ -17,6 +18,10 @@ truncations of a turn (a follower's truncations come from a fetch answer, and it
 appends only from a later answer, which that callback precedes). An I/O error in a directory
 takes that whole directory offline: its logs stop accepting work and the error is reported,
 while other directories keep running.
+
+Every data directory is locked (``storage.dir_lock``) before any is loaded and until
+``shutdown``: a directory another process holds fails the start with DataDirInUseError, as
+Kafka refuses a log directory whose ``.lock`` another instance holds.
 
 Not thread-safe: one owner (the node) calls these methods; each Log has its own lock.
 """
@@ -35,6 +40,7 @@ from storage.checkpoint import OffsetCheckpointFile, fsync_path
 from storage.cleaner import compact
 from storage.config import LogConfig
 from storage.descriptors import DescriptorBudget
+from storage.dir_lock import DataDirInUseError, DirLock
 from storage.errors import (
     LogDirOfflineError,
     OutOfFileDescriptorsError,
@@ -68,9 +74,12 @@ class LogManager:
         config_for: Callable[[TopicPartition], LogConfig] | None = None,
         foreign_dirs: frozenset[str] = frozenset(),
         descriptors: DescriptorBudget | None = None,
+        locked: frozenset[Path] = frozenset(),
     ) -> None:
         """``foreign_dirs``: names of directories in a data dir that are not this manager's
-        partition logs although they look like one (the metadata log's)."""
+        partition logs although they look like one (the metadata log's). ``locked``: data
+        directories the owner has locked already (a node locks the metadata log's before
+        opening that log); the manager locks the others."""
         if not data_dirs:
             raise ValueError("at least one data directory is required")
         self.data_dirs = [Path(d) for d in data_dirs]
@@ -97,16 +106,23 @@ class LogManager:
         # When maintenance last expired producer ids (None before its first pass: loading a
         # log drops the expired ones, so the first check is an interval after that pass).
         self._producers_expired_ms: int | None = None
+        self._locks: list[DirLock] = []
+        self._locked_by_owner = locked
 
     # -- lifecycle -------------------------------------------------------------------------
     def startup(self) -> None:
         """Load every log. A directory that fails to load is offline; running out of file
-        descriptors is not a failed disk: OutOfFileDescriptorsError, naming the limit."""
+        descriptors is not a failed disk: OutOfFileDescriptorsError, naming the limit. A
+        directory another process holds raises DataDirInUseError before anything is loaded."""
+        self._lock_dirs()
         for data_dir in self.data_dirs:
+            if data_dir in self.offline_dirs:
+                continue
             try:
                 self._load_dir(data_dir)
             except (OSError, StorageError) as e:
                 if out_of_descriptors(e):
+                    self.release_locks()  # a failed start owns nothing
                     raise OutOfFileDescriptorsError(
                         f"{data_dir}: ran out of file descriptors loading its logs "
                         f"({len(self._logs)} logs loaded, limit {self.descriptors.limit}): {e}. "
@@ -115,8 +131,32 @@ class LogManager:
                     ) from e
                 self._mark_offline(data_dir, e)
 
+    def _lock_dirs(self) -> None:
+        """Lock every data directory (creating it); one that cannot be made or locked for an
+        I/O error is offline; one in use elsewhere fails the start, with none kept locked."""
+        for data_dir in self.data_dirs:
+            if data_dir in self._locked_by_owner:
+                continue
+            lock = DirLock(data_dir)
+            try:
+                data_dir.mkdir(parents=True, exist_ok=True)
+                lock.acquire()
+            except DataDirInUseError:
+                self.release_locks()
+                raise
+            except OSError as e:
+                self._mark_offline(data_dir, e)
+                continue
+            self._locks.append(lock)
+
+    def release_locks(self) -> None:
+        """Let go of the data directories (``shutdown`` does; a crashed process's go with
+        it, which a test that abandons a manager imitates with this)."""
+        locks, self._locks = self._locks, []
+        for lock in locks:
+            lock.release()
+
     def _load_dir(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
         marker = data_dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
         self.had_clean_shutdown[data_dir] = clean
@@ -163,6 +203,7 @@ class LogManager:
             (data_dir / CLEAN_SHUTDOWN_FILE).touch()
             fsync_path(data_dir)
         self._logs.clear()
+        self.release_locks()
 
     # -- logs ------------------------------------------------------------------------------
     def get_log(self, tp: TopicPartition) -> Log | None:

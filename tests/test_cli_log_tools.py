@@ -24,7 +24,9 @@ import pytest
 from storage.batch import BatchHeader, CompressionType, iter_headers
 from storage.config import LogConfig
 from storage.loader import load_log
+from storage.log_manager import LogManager
 from storage.records import RecordInput, build_batch
+from storage.topic_partition import TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_TS = 1_700_000_000_000
@@ -293,6 +295,25 @@ def test_a_second_produce_appends_after_the_first(tmp_path: Path) -> None:
     done = run("log", "produce", target, stdin=b"c\n")
     assert "offsets 2-2" in done.stdout
     assert run("log", "verify", target).returncode == 0
+
+
+def test_produce_refuses_a_partition_of_a_data_dir_a_running_node_holds(tmp_path: Path) -> None:
+    """The node appends to the same files: two writers corrupt the log (the tool's batches
+    were overwritten by the broker's next append). The data directory's lock says whether a
+    node runs there; once it has stopped, the tool may write."""
+    data = tmp_path / "data"
+    node = LogManager([data], LogConfig())  # what a running node holds
+    node.startup()
+    node.get_or_create_log(TopicPartition("t", 0))
+    target = data / "t-0"
+    refused = run("log", "produce", target, stdin=b"a\n")
+    assert refused.returncode == 1, refused.stderr
+    assert "not written" in refused.stderr and "in use by another process" in refused.stderr
+    log = node.get_log(TopicPartition("t", 0))
+    assert log is not None and log.log_end_offset == 0
+    node.shutdown()
+    done = run("log", "produce", target, stdin=b"a\n")
+    assert done.returncode == 0 and "offsets 0-0" in done.stdout, done.stderr
 
 
 # -- usage errors ----------------------------------------------------------------------------

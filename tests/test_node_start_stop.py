@@ -23,6 +23,7 @@ from proto import controller_pb2 as cpb
 from proto import controller_pb2_grpc
 from raft.testing.processes import EXIT_TIMEOUT_S, free_ports, kill, spawn_python
 from runnel.config import load_config
+from storage.dir_lock import DirLock
 from storage.log_manager import CLEAN_SHUTDOWN_FILE
 
 WAIT_S = 60  # a node's start, or its stop (well past its 30 s controlled shutdown)
@@ -132,6 +133,30 @@ def test_a_node_whose_data_dir_is_a_file_says_so_and_exits_1(tmp_path: Path) -> 
     code = exit_code(spawn_node(path, log))
     assert code == 1, log.read_text()[-3000:]
     assert str(tmp_path / "data") in failed_start(log)
+
+
+def test_a_node_on_a_data_dir_another_process_holds_says_so_and_exits_1(tmp_path: Path) -> None:
+    """Two nodes on one data directory would each recover, cut and append to the other's
+    logs: the data directory's lock (storage.dir_lock) refuses the second before it opens
+    anything, and the first keeps running. The lock goes with its process: once the first
+    is killed (no clean shutdown), the data directory can be used again."""
+    path, _, _ = write_config(tmp_path)
+    first_log = tmp_path / "first.log"
+    first = spawn_node(path, first_log)
+    try:
+        until("the first run to be ready", says(first_log, "ready node 1"))
+        second_log = tmp_path / "second.log"
+        code = exit_code(spawn_node(path, second_log))
+        assert code == 1, second_log.read_text()[-3000:]
+        said = failed_start(second_log)
+        assert str(tmp_path / "data") in said, said
+        assert f"in use by another process (pid {first.pid})" in said, said
+        assert first.poll() is None, "the first node stopped"
+    finally:
+        kill(first)
+    lock = DirLock(tmp_path / "data")
+    lock.acquire()  # SIGKILL left no stale lock
+    lock.release()
 
 
 def test_a_node_whose_metrics_port_is_taken_closes_its_metadata_log_and_exits_1(

@@ -495,6 +495,7 @@ def test_all_segments_deleted_while_checkpoints_remember_them(tmp_path: Path, cl
     else:
         manager.run_maintenance()  # the periodic checkpoint, then the process dies
         log.abandon()
+        manager.release_locks()  # as the process's death does
     partition_dir = data_dir / tp.dir_name()
     for path in partition_dir.glob("*.log"):
         path.unlink()
@@ -576,6 +577,7 @@ def test_a_truncation_checkpoints_its_lower_recovery_point_before_the_log_grows_
     log.roll()
     again += append_batches(log, 2)
     log.abandon()  # the machine crashed: no clean-shutdown marker
+    manager.release_locks()  # as the process's death does
     os.truncate(rolled, durable_size)  # and lost the rolled segment's unflushed batches
     reopened = LogManager([tmp_path], CONFIG, clock=FakeClock())
     reopened.startup()

@@ -13,6 +13,7 @@ from support import FakeClock, make_batch
 
 from storage.checkpoint import OffsetCheckpointFile
 from storage.config import LogConfig
+from storage.dir_lock import DataDirInUseError
 from storage.errors import LogDirOfflineError
 from storage.group_commit import GroupCommit
 from storage.log import Isolation
@@ -71,6 +72,7 @@ def test_unclean_restart_recovers_from_the_recovery_point(tmp_path: Path) -> Non
     manager.checkpoint(tmp_path)
     last_segment = log.segments[-1].log_path
     log.abandon()  # crash: no marker, no final checkpoint
+    manager.release_locks()  # as the process's death does
     with last_segment.open("ab") as f:
         f.write(b"\x00\x00\x00\x00garbage-from-a-torn-write")
     again = LogManager([tmp_path], LogConfig(segment_bytes=400), clock=FakeClock())
@@ -317,3 +319,27 @@ def test_a_maintenance_pass_ends_before_its_next_log_once_stopping(tmp_path: Pat
     assert first > 0, "the first log was not maintained"
     assert second == 0, "the pass went on to the next log after stop was asked"
     manager.shutdown()
+
+
+def test_a_data_dir_is_one_manager_s_until_it_shuts_down(tmp_path: Path) -> None:
+    """Two managers on one data directory would each append to the other's logs: the second
+    start fails, loading and locking nothing (not even its other directories), and the
+    first goes on. After the first shuts down, the directory can be used again."""
+    first = LogManager([tmp_path / "shared"], LogConfig())
+    first.startup()
+    first.get_or_create_log(TP).append_as_leader(make_batch([b"kept"]), leader_epoch=0)
+    second = LogManager([tmp_path / "own", tmp_path / "shared"], LogConfig())
+    with pytest.raises(
+        DataDirInUseError, match=rf"shared is in use by another process \(pid {os.getpid()}\)"
+    ):
+        second.startup()
+    assert second.logs() == {} and not second.offline_dirs
+    third = LogManager([tmp_path / "own"], LogConfig())
+    third.startup()  # the failed start let go of the directory it had locked
+    third.shutdown()
+    first.shutdown()
+    again = LogManager([tmp_path / "shared"], LogConfig())
+    again.startup()
+    reopened = again.get_log(TP)
+    assert reopened is not None and reopened.log_end_offset == 1
+    again.shutdown()
