@@ -71,7 +71,7 @@ from storage.config import LogConfig
 from storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from storage.errors import StorageError, invariant
 from storage.log import AppendInfo, FetchData, Isolation, Log
-from storage.records import Record, decode_batch
+from storage.records import DecodedBatch, decode_batch
 
 __all__ = [
     "EARLIEST_LOCAL_TIMESTAMP",
@@ -163,10 +163,13 @@ class FollowerRead(NamedTuple):
 
 
 class OffsetAndTimestamp(NamedTuple):
-    """A ListOffsets answer: the offset, and the record's timestamp (-1 for earliest/latest)."""
+    """A ListOffsets answer: the offset, the record's timestamp (-1 for earliest/latest), and
+    the leader epoch that goes with the offset (-1 when unknown), which a consumer uses to
+    validate its position after a reset (KIP-320)."""
 
     offset: int
     timestamp: int
+    leader_epoch: int = UNDEFINED_EPOCH
 
 
 class Role(enum.Enum):
@@ -857,6 +860,12 @@ class Partition:
         timestamp is at least that, found through the time index. None when there is no
         such record below the bound (the handler answers offset -1).
 
+        The leader epoch answered is Kafka's: for earliest, the epoch of the epoch cache's
+        first entry if it covers the log start (UnifiedLog.fetchOffsetByTimestamp), else -1;
+        for latest, this replica's current leader epoch (Partition.fetchOffsetForTimestamp);
+        for a record found, the partition leader epoch of the batch holding it (-1 if the
+        batch has none).
+
         A consumer's lookup (the high watermark bounds it) raises OffsetNotAvailable while
         this new leader's high watermark is below the start of its epoch, for "latest" and
         for a lookup finding nothing below the high watermark, as Kafka does: answering the
@@ -869,13 +878,13 @@ class Partition:
         if not consumer:
             bound = log.log_end_offset
         if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
-            return OffsetAndTimestamp(log.log_start_offset, NO_TIMESTAMP)
+            return OffsetAndTimestamp(log.log_start_offset, NO_TIMESTAMP, self._earliest_epoch())
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return None
         if timestamp == LATEST_TIMESTAMP:
             if consumer:
                 self._check_high_watermark_caught_up()
-            return OffsetAndTimestamp(bound, NO_TIMESTAMP)
+            return OffsetAndTimestamp(bound, NO_TIMESTAMP, self.leader_epoch)
         try:
             found = self._max_timestamp() if timestamp == MAX_TIMESTAMP else self._search(timestamp)
         except StorageError as e:
@@ -895,18 +904,31 @@ class Partition:
                 "below it"
             )
 
+    def _earliest_epoch(self) -> int:
+        """The epoch of the log start offset: the first cached epoch, if it starts at or
+        below the log start (it may not for batches written without an epoch)."""
+        first = self.log.epoch_cache.earliest_entry
+        if first is None or first.start_offset > self.log.log_start_offset:
+            return UNDEFINED_EPOCH
+        return first.epoch
+
     def _search(self, timestamp: int) -> OffsetAndTimestamp | None:
         found = self.log.offset_for_timestamp(timestamp)
         if found is None:
             return None
         batch_offset, batch_max_timestamp = found
         # The index finds the batch; Kafka answers with the record inside it.
-        record = self._first_record(
-            batch_offset, lambda r: r.offset >= batch_offset and r.timestamp >= timestamp
+        batch = self._batch_at(batch_offset)
+        if batch is None:
+            return OffsetAndTimestamp(batch_offset, batch_max_timestamp)
+        epoch = _batch_epoch(batch)
+        record = next(
+            (r for r in batch.records if r.offset >= batch_offset and r.timestamp >= timestamp),
+            None,
         )
         if record is None:  # a batch whose header max timestamp disagrees with its records
-            return OffsetAndTimestamp(batch_offset, batch_max_timestamp)
-        return OffsetAndTimestamp(record.offset, record.timestamp)
+            return OffsetAndTimestamp(batch_offset, batch_max_timestamp, epoch)
+        return OffsetAndTimestamp(record.offset, record.timestamp, epoch)
 
     def _max_timestamp(self) -> OffsetAndTimestamp | None:
         """KIP-734 from the segments' own (max timestamp, its batch's last offset): the first
@@ -925,21 +947,22 @@ class Partition:
         if best is None:
             return None
         max_timestamp, last_offset = best.max_timestamp, best.offset_of_max_timestamp
-        record = self._first_record(last_offset, lambda r: r.timestamp == max_timestamp)
+        batch = self._batch_at(last_offset)
+        if batch is None:
+            return OffsetAndTimestamp(last_offset, max_timestamp)
+        record = next((r for r in batch.records if r.timestamp == max_timestamp), None)
         offset = last_offset if record is None else record.offset
-        return OffsetAndTimestamp(offset, max_timestamp)
+        return OffsetAndTimestamp(offset, max_timestamp, _batch_epoch(batch))
 
-    def _first_record(self, offset: int, wanted: Callable[[Record], bool]) -> Record | None:
-        """The first record matching ``wanted`` in the batch holding ``offset`` (one batch
-        decoded, within the log's decompression limit)."""
+    def _batch_at(self, offset: int) -> DecodedBatch | None:
+        """The batch holding ``offset``, decoded (within the log's decompression limit)."""
         data = self.log.read(offset, 1, isolation=Isolation.LOG_END, min_one_batch=True)
         if data.slice is None:
             return None
-        batch = decode_batch(
+        # Decoding gives LogAppendTime batches' records the append time, so they match too.
+        return decode_batch(
             data.slice.read(), max_uncompressed_bytes=self.log.config.max_decompressed_batch_bytes
         )
-        # Decoding gives LogAppendTime batches' records the append time, so they match too.
-        return next((r for r in batch.records if wanted(r)), None)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """OffsetsForLeaderEpoch on the leader: (the largest epoch <= ``leader_epoch`` this
@@ -978,6 +1001,12 @@ class Partition:
     @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
+
+
+def _batch_epoch(batch: DecodedBatch) -> int:
+    """The batch's partition leader epoch, or -1 for a batch written without one."""
+    epoch = batch.header.partition_leader_epoch
+    return epoch if epoch >= 0 else UNDEFINED_EPOCH
 
 
 def _nothing_to_forget() -> None:

@@ -5,7 +5,10 @@ become the Kafka response. A change is answered only once its records have commi
 controller's rule) AND this broker's own image shows it, waited for up to the request's
 timeout: so a client that creates a topic and then asks this broker for metadata sees it.
 Manual replica assignments are not supported (the controller places replicas itself): such
-a topic is refused with INVALID_REQUEST and a message saying so.
+a topic is refused with INVALID_REQUEST and a message saying so. A topic created (or, with
+``validate_only``, that would be) is answered (v5+) with its whole effective config set, as
+DescribeConfigs lists it (``broker.handlers.topic_configs``), from the entries the request
+sets: Kafka's buildCreatableTopicResult.
 
 A name given more than once is answered once (the controller's INVALID_REQUEST "Duplicate
 topic name.", controller/topics.py), as Kafka's ControllerApis answers it; a CreateTopics the
@@ -26,9 +29,13 @@ from typing import Any, NamedTuple
 
 from broker.context import BrokerContext
 from broker.handlers.common import Reply, topic_uuid
+from broker.handlers.topic_configs import effective_topic_configs
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
+from controller.configs import canonical_value
 from controller.image import MetadataImage
+from controller.outcome import DecisionError
+from controller.records import ConfigResourceType
 from controller.topics import DUPLICATE_NAME, repeated
 from proto import controller_pb2 as cpb
 
@@ -114,7 +121,11 @@ async def _create_topics(context: BrokerContext, request: Any) -> dict[str, Any]
     if forward.topics and not results:  # refused as a whole: every entry says so (Kafka's)
         blank = {"num_partitions": -1, "replication_factor": -1} | missing
         return {"throttle_time_ms": 0, "topics": [{"name": t.name} | blank for t in request.topics]}
-    topics = [_created(t, results, refused, missing) for t in _first_of_each(request.topics)]
+    image = context.image()
+    topics = [
+        _created(t, results, refused, missing) | _effective_configs(context, image, t, results)
+        for t in _first_of_each(request.topics)
+    ]
     return {"throttle_time_ms": 0, "topics": topics}
 
 
@@ -143,11 +154,33 @@ def _created(
         "topic_id": topic_uuid(result.topic_id),
         "num_partitions": result.num_partitions,
         "replication_factor": result.replication_factor,
-        "configs": [
-            {"name": c.name, "value": c.value, "read_only": False, "config_source": 1}
-            for c in topic.configs
-        ],
     }
+
+
+def _effective_configs(
+    context: BrokerContext, image: MetadataImage, topic: Any, results: dict[str, Any]
+) -> dict[str, Any]:
+    """A created (or, validate_only, creatable) topic's whole effective config set, as
+    DescribeConfigs would list it, from the entries the request sets, as the controller
+    commits them (Kafka's buildCreatableTopicResult: ``computeEffectiveTopicConfigs`` of the
+    creation configs); nothing for a topic not created."""
+    result = results.get(topic.name)
+    if result is None or result.error != cpb.NONE:
+        return {}
+    entries = {c.name: _committed(c.name, c.value or "") for c in topic.configs}
+    described = effective_topic_configs(context, image, entries)
+    return {"configs": [{k: c[k] for k in _CREATABLE_TOPIC_CONFIG} for c in described]}
+
+
+_CREATABLE_TOPIC_CONFIG = ("name", "value", "read_only", "config_source", "is_sensitive")
+
+
+def _committed(name: str, value: str) -> str:
+    """The text the controller commits for a topic config it accepted."""
+    try:
+        return canonical_value(name, value, ConfigResourceType.TOPIC)
+    except DecisionError:  # not expected: the controller accepted it
+        return value
 
 
 # -- DeleteTopics ------------------------------------------------------------------------------

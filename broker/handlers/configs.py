@@ -1,17 +1,17 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs.
 
 How this works. DescribeConfigs reads this broker's image: a topic's configs are every topic
-config runnel knows (controller/configs.py), each with the value in force and where it comes
-from, in the order its replicas here resolve it (``broker.replica_manager.topic_settings``):
-set on the topic, else this broker's dynamic broker config, else the cluster-wide one, else
-the node's ``[log]`` section or the built-in default. ``unclean.leader.election.enable`` skips
-this broker's own value, as the controller's elections do (``controller.elections``); the
-controller's static ``unclean_leader_election_enable`` is not known here, so where nothing
-dynamic sets it the answer is Kafka's default, false. A topic name is checked against Kafka's
+config runnel knows, each with the value in force and where it comes from
+(``broker.handlers.topic_configs``, which CreateTopics answers with too); the controller's
+static ``unclean_leader_election_enable`` is not known here, so where nothing dynamic sets it
+the answer is Kafka's default, false. A topic name is checked against Kafka's
 rules before it is looked up (INVALID_TOPIC_EXCEPTION, as Kafka's ConfigHelper). A broker's
 configs are the broker configs the controller accepts, dynamic where set; the resource ""
 (the cluster-wide defaults) lists only the entries set on it, as Kafka does, and a broker id
 other than this broker's is INVALID_REQUEST. An empty list of keys, like none, asks for all.
+A resource given more than once is answered each time, as Kafka's ConfigHelper.describeConfigs
+answers every resource of the request (it neither merges nor refuses repeats); each distinct
+resource (type, name and keys asked for) is described once and that answer repeated.
 
 Both alter requests are first checked here as Kafka's ConfigAdminManager.preprocess does (a
 name given twice, a null value, a BROKER resource naming another broker: INVALID_REQUEST), then
@@ -29,71 +29,29 @@ from typing import Any
 from broker.context import BrokerContext
 from broker.handlers.admin import wait_for_image
 from broker.handlers.common import Reply
+from broker.handlers.topic_configs import (
+    DYNAMIC_BROKER,
+    DYNAMIC_DEFAULT_BROKER,
+    config_entry,
+    default_source,
+    effective_topic_configs,
+)
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
-from controller.configs import (
-    BROKER_CONFIGS,
-    broker_entries_as_topic,
-    canonical_value,
-    describe_topic_configs,
-)
-from controller.elections import UNCLEAN_CONFIG
+from controller.configs import BROKER_CONFIGS, canonical_value, describe_topic_configs
 from controller.image import MetadataImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
 from controller.topics import RESERVED_TOPIC_NAMES, check_topic_name, repeated
 from proto import controller_pb2 as cpb
-from storage.config import LogConfig
 
 __all__ = ["alter_configs", "describe_configs", "incremental_alter_configs"]
 
 TOPIC = int(ConfigResourceType.TOPIC)
 BROKER = int(ConfigResourceType.BROKER)
-# Kafka's ConfigSource codes
-TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER, STATIC_BROKER, DEFAULT = 1, 2, 3, 4, 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType ids
 CONFIG_WAIT_S = 5.0
 _JAVA_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)  # what Java's Integer.parseInt reads
-
-
-def _entry(name: str, value: str | None, source: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "value": value,
-        "read_only": False,
-        "is_default": source in (STATIC_BROKER, DEFAULT),
-        "config_source": source,
-        "is_sensitive": False,
-        "synonyms": [],
-    }
-
-
-def _topic_configs(context: BrokerContext, image: MetadataImage, name: str) -> list[dict[str, Any]]:
-    entries = image.configs.get((TOPIC, name), {})
-    described = describe_topic_configs(entries, context.settings.log_defaults)
-    layers = (  # the dynamic broker configs, as topic configs: the nearest first
-        (DYNAMIC_BROKER, broker_entries_as_topic(image, str(context.settings.broker_id))),
-        (DYNAMIC_DEFAULT_BROKER, broker_entries_as_topic(image, "")),
-    )
-    out = []
-    for n, v, own in described:
-        source = TOPIC_CONFIG if own else _default_source(n, v)
-        if not own:
-            for layer, values in layers:
-                if n in values and not (layer == DYNAMIC_BROKER and n == UNCLEAN_CONFIG):
-                    v, source = values[n], layer
-                    break
-        out.append(_entry(n, v, source))
-    return out
-
-
-def _default_source(name: str, value: str) -> int:
-    """DEFAULT_CONFIG where the value is runnel's own default, STATIC_BROKER_CONFIG where the
-    node's ``[log]`` section changed it (as Kafka tells its defaults from server.properties)."""
-    return DEFAULT if _BUILT_IN.get(name) == value else STATIC_BROKER
-
-
-_BUILT_IN = {n: v for n, v, _ in describe_topic_configs({}, LogConfig())}
 
 
 def _broker_configs(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
@@ -105,12 +63,12 @@ def _broker_configs(context: BrokerContext, image: MetadataImage) -> list[dict[s
     for config in sorted(BROKER_CONFIGS):
         topic_name = BROKER_CONFIGS[config]
         if config in own:
-            out.append(_entry(config, own[config], DYNAMIC_BROKER))
+            out.append(config_entry(config, own[config], DYNAMIC_BROKER))
         elif config in cluster:
-            out.append(_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
+            out.append(config_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
         else:
             static = statics[topic_name]
-            out.append(_entry(config, static, _default_source(topic_name, static)))
+            out.append(config_entry(config, static, default_source(topic_name, static)))
     return out
 
 
@@ -118,7 +76,7 @@ def _cluster_default_configs(image: MetadataImage) -> list[dict[str, Any]]:
     """The resource "": only the cluster-wide entries set (Kafka's currentDynamicDefaultConfigs)."""
     cluster = image.configs.get((BROKER, ""), {})
     return [
-        _entry(n, cluster[n], DYNAMIC_DEFAULT_BROKER)
+        config_entry(n, cluster[n], DYNAMIC_DEFAULT_BROKER)
         for n in sorted(cluster)
         if n in BROKER_CONFIGS
     ]
@@ -151,7 +109,7 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 "error_message": f"no topic {name!r}",
             }
-        configs = _topic_configs(context, image, name)
+        configs = effective_topic_configs(context, image, image.configs.get((TOPIC, name), {}))
     elif resource.resource_type == BROKER:
         me = context.settings.broker_id
         if not name:
@@ -175,10 +133,16 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
 
 def describe_configs(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     image = context.image()
-    return {
-        "throttle_time_ms": 0,
-        "results": [_describe_one(context, image, r) for r in request.resources],
-    }
+    described: dict[tuple[int, str, frozenset[str] | None], dict[str, Any]] = {}
+    results = []
+    for resource in request.resources:
+        keys = resource.configuration_keys
+        key = (resource.resource_type, resource.resource_name, frozenset(keys) if keys else None)
+        answer = described.get(key)
+        if answer is None:  # a repeat shares the first answer: it is not described again
+            answer = described[key] = _describe_one(context, image, resource)
+        results.append(answer)
+    return {"throttle_time_ms": 0, "results": results}
 
 
 # -- altering ----------------------------------------------------------------------------------

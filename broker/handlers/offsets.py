@@ -10,7 +10,10 @@ special timestamp newer than the request's version (-3 needs v7; -4, -5 later ve
 runnel serves) or any other negative one is UNSUPPORTED_VERSION, and a new leader whose high
 watermark has not reached its epoch's start answers a consumer OFFSET_NOT_AVAILABLE
 (LEADER_NOT_AVAILABLE below v5) for "latest" and for a timestamp finding nothing below the
-high watermark (``Partition.offsets_for_timestamp``).
+high watermark (``Partition.offsets_for_timestamp``). A found offset carries the leader
+epoch that goes with it, not the partition's current one (a consumer validates its reset
+position against it, KIP-320): for earliest the epoch of the log start offset, for latest
+the current leader epoch, for a record the leader epoch of its batch.
 
 OffsetForLeaderEpoch answers, for a leader epoch, the end offset of that epoch on the
 leader (the start of the next larger epoch, or the log end): how a consumer (KIP-320) or a
@@ -67,7 +70,7 @@ def _list_one(partition: Partition | int, p: Any, isolation: str, version: int) 
         "error_code": ErrorCode.NONE,
         "offset": found.offset,
         "timestamp": found.timestamp,
-        "leader_epoch": partition.leader_epoch,
+        "leader_epoch": found.leader_epoch,
     }
 
 

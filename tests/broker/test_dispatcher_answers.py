@@ -2,7 +2,8 @@
 tests do not reach: the cluster view a client gets (fenced brokers left out, racks, offline
 replicas, each listener's addresses), the refusals of what runnel does not support
 (manual replica assignments, transactions), the config requests' checks on this broker and
-APPEND/SUBTRACT forwarded, broker DescribeConfigs, topics
+APPEND/SUBTRACT forwarded, broker DescribeConfigs, the effective configs of a CreateTopics
+success, topics
 named by id, read_committed fetches, the idempotent producer on the wire and the cap on an
 acks=-1 wait.
 
@@ -37,16 +38,17 @@ from broker.server import ConnectionInfo
 from controller import configs as controller_configs
 from controller import records as rec
 from controller import topics as controller_topics
-from controller.configs import BROKER_CONFIGS
+from controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS
 from controller.image import MetadataDelta, MetadataImage
 from controller.outcome import DecisionError, Outcome
 from controller.records import ConfigResourceType
 from proto import controller_pb2 as cpb
+from storage.config import LogConfig
 
 PEER, FENCED, UNREGISTERED = 2, 3, 4
 INTERNAL = ConnectionInfo("10.0.0.9:5555", 2, "INTERNAL")
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4  # Kafka's ConfigResource.Type codes
-DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER = 2, 3  # Kafka's ConfigSource codes
+TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER, STATIC_BROKER, DEFAULT = 1, 2, 3, 4, 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType codes
 
 
@@ -584,6 +586,63 @@ def test_create_topics_answers_a_repeated_name_once_even_with_assignments(broker
         ("fresh", ErrorCode.NONE, None),
     ]
     assert "fresh" in broker.image.topic_ids and "twice" not in broker.image.topic_ids
+
+
+def test_create_topics_answers_the_topic_s_whole_effective_config_set(broker: Harness) -> None:
+    """Kafka's buildCreatableTopicResult: every topic config, by name, with its value and
+    source as DescribeConfigs then lists them (set in the request: TOPIC_CONFIG, as the
+    controller commits it; else this broker's dynamic config, the cluster-wide one, the
+    node's [log] section, or the default); validate_only answers the same, creating nothing."""
+    context = broker.dispatcher.context
+    context.settings = dataclasses.replace(
+        context.settings, log_defaults=LogConfig(index_interval_bytes=8192)
+    )
+    kind = ConfigResourceType.BROKER
+    dynamic = [
+        rec.config(kind, str(ME), "log.segment.bytes", "2097152"),
+        rec.config(kind, "", "log.retention.bytes", "5000"),
+        rec.config(kind, "", "log.retention.ms", "2000"),
+    ]
+    set_image(broker, replayed(broker.image, dynamic))
+    configs = [
+        {"name": "retention.ms", "value": "1000"},
+        {"name": "unclean.leader.election.enable", "value": "TRUE"},
+    ]
+
+    def shown(entries: Any) -> list[tuple[str, str, bool, int, bool]]:
+        return [(c.name, c.value, c.read_only, c.config_source, c.is_sensitive) for c in entries]
+
+    def create(name: str, validate_only: bool) -> list[tuple[str, str, bool, int, bool]]:
+        topic = {
+            "name": name, "num_partitions": 1, "replication_factor": 1,
+            "assignments": [], "configs": configs,
+        }  # fmt: skip
+        body = {"topics": [topic], "timeout_ms": 5000, "validate_only": validate_only}
+        (answer,) = broker.ask(ApiKey.CREATE_TOPICS, 7, body).topics
+        assert (answer.name, answer.error_code) == (name, ErrorCode.NONE)
+        return shown(answer.configs)
+
+    created = create("audit", validate_only=False)
+    assert [c[0] for c in created] == sorted(TOPIC_CONFIGS)
+    not_default = {c[0]: (c[1], c[3]) for c in created if c[3] != DEFAULT}
+    assert not_default == {
+        "retention.ms": ("1000", TOPIC_CONFIG),
+        "unclean.leader.election.enable": ("true", TOPIC_CONFIG),
+        "segment.bytes": ("2097152", DYNAMIC_BROKER),
+        "retention.bytes": ("5000", DYNAMIC_DEFAULT_BROKER),
+        "index.interval.bytes": ("8192", STATIC_BROKER),
+    }
+    assert not any(c[2] or c[4] for c in created)  # none read-only or sensitive
+    resource = {"resource_type": TOPIC_RESOURCE, "resource_name": "audit"}
+    body = {
+        "resources": [resource | {"configuration_keys": None}],
+        "include_synonyms": False,
+        "include_documentation": False,
+    }
+    (described,) = broker.ask(ApiKey.DESCRIBE_CONFIGS, 4, body).results
+    assert created == shown(described.configs)
+    assert create("dry", validate_only=True) == created
+    assert "dry" not in broker.image.topic_ids
 
 
 def test_create_topics_asking_over_10000_partitions_in_all_is_refused_for_every_entry(

@@ -1,6 +1,7 @@
 """ListOffsets' answers where Apache Kafka's rules are easy to miss: a new leader whose high
 watermark lags its epoch's start, special timestamps per version, a partition named twice,
-and the leader epoch of a "not found" answer.
+and the leader epoch of an answer: the one that goes with the offset, not the current one
+(or -1 for "not found").
 
 The in-process leader of dispatch_leader.py ("orders" partitions 0 and 1, led here, broker 2
 following); acks=1 appends, and a follower fetch moves the high watermark.
@@ -98,8 +99,8 @@ def test_a_new_leader_below_its_epoch_start_answers_offset_not_available(
     lagging = ErrorCode.OFFSET_NOT_AVAILABLE
     assert each(leader, [(0, -1), (0, -2), (0, BASE_MS - 1), (0, BASE_MS + 1)]) == [
         (lagging, -1, -1, -1),
-        (ErrorCode.NONE, 0, -1, 1),
-        (ErrorCode.NONE, 0, BASE_MS, 1),  # offset 0, below the HW
+        (ErrorCode.NONE, 0, -1, 0),  # the log start's epoch
+        (ErrorCode.NONE, 0, BASE_MS, 0),  # offset 0, below the HW, written at epoch 0
         (lagging, -1, -1, -1),  # nothing at or after it below the HW
     ]
     assert list_offsets(leader, [(0, -1)], version=4) == [
@@ -163,4 +164,42 @@ def test_an_offset_not_found_carries_no_leader_epoch(leader: DispatchLeader) -> 
         (ErrorCode.NONE, -1, -1, -1),
         (ErrorCode.NONE, -1, -1, -1),  # an empty partition has no largest timestamp
         (ErrorCode.NONE, 0, BASE_MS, 0),
+    ]
+
+
+def test_a_found_offset_carries_the_leader_epoch_that_goes_with_it(
+    leader: DispatchLeader,
+) -> None:
+    """Kafka (UnifiedLog.fetchOffsetByTimestamp, Partition.fetchOffsetForTimestamp): earliest
+    answers the epoch of the log start offset, a record found (by timestamp or as the
+    largest timestamp) the leader epoch of its batch, and latest the current leader epoch;
+    a consumer validating its reset position (KIP-320) against the current epoch instead
+    could miss a truncation."""
+    leader.produce([b"a"], acks=1)  # offset 0 at epoch 0, timestamp BASE_MS
+    leader.image = with_leader_epoch(1)
+    leader.replicas.apply(leader.image)
+    leader.produce([b"b", b"c"], acks=1)  # offsets 1, 2 at epoch 1: BASE_MS, BASE_MS + 1
+    leader.image = with_leader_epoch(2)
+    leader.replicas.apply(leader.image)  # nothing written at epoch 2
+    follower_fetch(leader, 3, leader_epoch=2)  # the HW reaches the log end
+    asks = [(0, -2), (0, BASE_MS), (0, BASE_MS + 1), (0, -3), (0, -1)]
+    assert each(leader, asks) == [
+        (ErrorCode.NONE, 0, -1, 0),
+        (ErrorCode.NONE, 0, BASE_MS, 0),
+        (ErrorCode.NONE, 2, BASE_MS + 1, 1),
+        (ErrorCode.NONE, 2, BASE_MS + 1, 1),
+        (ErrorCode.NONE, 3, -1, 2),
+    ]
+
+
+def test_earliest_of_a_log_without_epochs_carries_no_leader_epoch(
+    leader: DispatchLeader,
+) -> None:
+    """An empty log's epoch cache is empty: Kafka's earliest answer has no epoch (-1), while
+    latest still carries the current leader epoch."""
+    leader.image = with_leader_epoch(3)
+    leader.replicas.apply(leader.image)
+    assert each(leader, [(1, -2), (1, -1)]) == [
+        (ErrorCode.NONE, 0, -1, -1),
+        (ErrorCode.NONE, 0, -1, 3),
     ]

@@ -391,20 +391,20 @@ def _timestamped(p: Partition) -> None:
 def test_earliest_and_latest(make_partition: MakePartition) -> None:
     p = make_partition()
     p.append_as_leader(make_batch([b"a", b"b"]), 1)
-    assert p.offsets_for_timestamp(EARLIEST_TIMESTAMP) == OffsetAndTimestamp(0, -1)
-    assert p.offsets_for_timestamp(LATEST_TIMESTAMP) == (2, -1)
+    assert p.offsets_for_timestamp(EARLIEST_TIMESTAMP) == OffsetAndTimestamp(0, -1, 5)
+    assert p.offsets_for_timestamp(LATEST_TIMESTAMP) == (2, -1, 5)
     p.log.update_high_watermark(1)
-    assert p.offsets_for_timestamp(LATEST_TIMESTAMP) == (1, -1)
-    assert p.offsets_for_timestamp(LATEST_TIMESTAMP, isolation="log_end") == (2, -1)
+    assert p.offsets_for_timestamp(LATEST_TIMESTAMP) == (1, -1, 5)
+    assert p.offsets_for_timestamp(LATEST_TIMESTAMP, isolation="log_end") == (2, -1, 5)
 
 
 def test_a_timestamp_finds_the_first_record_at_or_after_it(make_partition: MakePartition) -> None:
     p = make_partition()
     _timestamped(p)
-    assert p.offsets_for_timestamp(0) == (0, TS)
-    assert p.offsets_for_timestamp(TS + 1) == (1, TS + 1)  # inside the first batch
-    assert p.offsets_for_timestamp(TS + 3) == (3, TS + 30)
-    assert p.offsets_for_timestamp(TS + 45) == (4, TS + 50)
+    assert p.offsets_for_timestamp(0) == (0, TS, 5)
+    assert p.offsets_for_timestamp(TS + 1) == (1, TS + 1, 5)  # inside the first batch
+    assert p.offsets_for_timestamp(TS + 3) == (3, TS + 30, 5)
+    assert p.offsets_for_timestamp(TS + 45) == (4, TS + 50, 5)
     assert p.offsets_for_timestamp(TS + 51) is None
 
 
@@ -412,7 +412,7 @@ def test_max_timestamp_finds_the_record_carrying_it(make_partition: MakePartitio
     p = make_partition()
     assert p.offsets_for_timestamp(MAX_TIMESTAMP) is None  # an empty log
     _timestamped(p)
-    assert p.offsets_for_timestamp(MAX_TIMESTAMP) == (4, TS + 50)
+    assert p.offsets_for_timestamp(MAX_TIMESTAMP) == (4, TS + 50, 5)
 
 
 def test_lookups_above_the_high_watermark_find_nothing(make_partition: MakePartition) -> None:
@@ -421,7 +421,63 @@ def test_lookups_above_the_high_watermark_find_nothing(make_partition: MakeParti
     p.log.update_high_watermark(3)
     assert p.offsets_for_timestamp(TS + 45) is None
     assert p.offsets_for_timestamp(MAX_TIMESTAMP) is None
-    assert p.offsets_for_timestamp(TS + 45, isolation="log_end") == (4, TS + 50)
+    assert p.offsets_for_timestamp(TS + 45, isolation="log_end") == (4, TS + 50, 5)
+
+
+def _over_three_epochs(p: Partition) -> None:
+    """Offsets 0-1 at epoch 5 (TS, TS+1), 2-3 at epoch 6 (TS+10, TS+60: the max), 4 at
+    epoch 8 (TS+20); then this replica leads at epoch 9, with nothing written in it."""
+    p.append_as_leader(make_batch([b"a", b"b"], timestamp_ms=TS), 1)
+    p.make_leader(state(leader_epoch=6, partition_epoch=8), now_ms=0)
+    records = [RecordInput(None, b"x", TS + ms) for ms in (10, 60)]
+    p.append_as_leader(build_batch(records), 1)
+    p.make_leader(state(leader_epoch=8, partition_epoch=9), now_ms=0)
+    p.append_as_leader(make_batch([b"e"], timestamp_ms=TS + 20), 1)
+    p.make_leader(state(leader_epoch=9, partition_epoch=10), now_ms=0)
+    assert [(e.epoch, e.start_offset) for e in p.log.epoch_cache.entries()] == [
+        (5, 0),
+        (6, 2),
+        (8, 4),
+    ]
+
+
+def test_a_found_offset_carries_its_batch_epoch(make_partition: MakePartition) -> None:
+    """Kafka's FileRecords.searchForTimestamp and KIP-734's lookup answer the found record's
+    batch epoch, not the current leader epoch (9 here)."""
+    p = make_partition()
+    _over_three_epochs(p)
+    assert p.offsets_for_timestamp(TS + 1) == (1, TS + 1, 5)
+    assert p.offsets_for_timestamp(TS + 5) == (2, TS + 10, 6)
+    assert p.offsets_for_timestamp(TS + 15) == (3, TS + 60, 6)
+    assert p.offsets_for_timestamp(MAX_TIMESTAMP) == (3, TS + 60, 6)
+
+
+def test_earliest_carries_the_log_start_epoch_and_latest_the_current_one(
+    make_partition: MakePartition,
+) -> None:
+    """UnifiedLog.fetchOffsetByTimestamp answers earliest with the first cached epoch (the
+    cache is cut to the log start as it moves); Partition.fetchOffsetForTimestamp answers
+    latest with its leader epoch, even before anything is written in it."""
+    p = make_partition()
+    _over_three_epochs(p)
+    assert p.offsets_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1, 5)
+    assert p.offsets_for_timestamp(LATEST_TIMESTAMP) == (5, -1, 9)
+    p.log.maybe_increment_log_start_offset(3)  # inside epoch 6's range
+    assert p.offsets_for_timestamp(EARLIEST_TIMESTAMP) == (3, -1, 6)
+
+
+def test_offsets_written_without_an_epoch_carry_none(make_partition: MakePartition) -> None:
+    """A batch without a partition leader epoch (-1) answers -1 when found, and earliest has
+    no epoch while the first cached one starts above the log start (Kafka checks that)."""
+    p = make_partition(lead=False)
+    p.make_follower(state(leader=2, leader_epoch=6, partition_epoch=8))
+    p.append_as_follower(make_batch([b"a"], timestamp_ms=TS), 0, 0)
+    epoch_6 = make_batch([b"b"], timestamp_ms=TS + 10, base_offset=1, partition_leader_epoch=6)
+    p.append_as_follower(epoch_6, 2, 0)
+    p.make_leader(state(leader_epoch=7, partition_epoch=9), now_ms=0)
+    assert p.offsets_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1, -1)
+    assert p.offsets_for_timestamp(TS) == (0, TS, -1)
+    assert p.offsets_for_timestamp(TS + 5) == (1, TS + 10, 6)
 
 
 # -- the error mapping -------------------------------------------------------------------------
