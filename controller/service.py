@@ -58,6 +58,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self.config = controller.config
         self.addresses = dict(addresses)  # controller id -> its controller listener
         self.log_defaults = log_defaults or LogConfig()
+        self.topic_limits = topics.TopicLimits(
+            max_cluster_partitions=self.config.max_cluster_partitions
+        )
         self.sessions: dict[int, BrokerSession] = {}
         controller.on_activation(self._reset_sessions)
         timeout_ms = self.config.broker_session_timeout_ms
@@ -168,6 +171,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 ),
                 new_topic_id=lambda: os.urandom(16),
                 placement_start=int.from_bytes(os.urandom(2), "big"),
+                limits=self.topic_limits,
                 log_defaults=self.log_defaults,
             )
 
@@ -186,7 +190,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         start = int.from_bytes(os.urandom(2), "big")
         return await self._serve(
             cpb.CreatePartitionsResponse,
-            lambda image: topics.create_partitions(image, request, placement_start=start),
+            lambda image: topics.create_partitions(
+                image, request, placement_start=start, limits=self.topic_limits
+            ),
         )
 
     async def IncrementalAlterConfigs(

@@ -57,6 +57,7 @@ from typing import TypeVar
 
 from controller import records as rec
 from controller.broker_load import count_load
+from controller.config import MAX_PARTITIONS_PER_TOPIC
 from controller.configs import as_error_code, validate_topic_configs
 from controller.image import TOPIC_ID_BYTES, MetadataImage, TopicImage
 from controller.outcome import DecisionError, Outcome
@@ -107,7 +108,11 @@ class TopicDefaults:
 
 @dataclass(frozen=True, slots=True)
 class TopicLimits:
-    max_partitions_per_topic: int = 10_000
+    """What one CreateTopics or CreatePartitions may ask for. The controller service passes
+    ``ControllerConfig.max_cluster_partitions``; None (the default here, for decisions tested
+    alone) is no limit on the cluster."""
+
+    max_partitions_per_topic: int = MAX_PARTITIONS_PER_TOPIC
     max_partitions_per_request: int = 10_000  # CreateTopics, all topics (Kafka's per batch)
     max_cluster_partitions: int | None = None  # None: no limit
     max_topic_id_attempts: int = 100  # draws of new_topic_id before giving up

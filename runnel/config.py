@@ -12,9 +12,12 @@ dataclasses of the layers they configure, so their own validation runs:
     [broker]          BrokerConfig                    a broker's lifecycle and Kafka answers
     [server]          broker.server.ServerConfig      the Kafka client listener's limits
 
-``NodeConfig`` then checks what ties settings together (listeners, voters, heartbeat against
-session timeout, the transport's message size against Raft's batches). Every problem found is
-collected, naming its key and where the value came from, and raised as one ``ConfigError``.
+``NodeConfig`` then checks what ties settings together (listeners, voters, on a combined node
+the heartbeat against its controller's session timeout, on a broker the request size against
+the message size, the transport's message size against Raft's batches; ``ControllerConfig``
+its own: the default partition count against the topic and cluster limits, the smallest
+snapshot interval). Every problem found is collected, naming its key and where the value came
+from, and raised as one ``ConfigError``.
 The generic machinery (sources, coercion, rendering) is ``runnel/config_parse.py``; a complete
 example with every key is ``config/example.toml``.
 
@@ -441,7 +444,41 @@ def _same_address(voter: str, listener: Listener) -> bool:
     return listener.binds_every_interface or host.lower() == listener.host.lower()
 
 
+# The most a Produce request carrying one batch (of one partition) adds around the batch: a
+# client id of 32,767 bytes (its int16 length's limit), a transactional id as long, a topic
+# name of 249 characters and the fixed fields come to 65,819 bytes in the Produce versions
+# runnel serves (v3-v9); rounded up. A batch of log.max_message_bytes must fit in
+# socket_request_max_bytes with this around it, or a producer sized to the message limit has
+# its connection closed by the frame check instead of being answered MESSAGE_TOO_LARGE.
+PRODUCE_FRAMING_MAX_BYTES = 66 * 1024
+
+
 def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
+    yield from _heartbeat_findings(c)
+    frame, message_bytes = c.server.socket_request_max_bytes, c.log.max_message_bytes
+    if Role.BROKER in c.process_roles and frame < message_bytes + PRODUCE_FRAMING_MAX_BYTES:
+        message = (
+            f"socket_request_max_bytes ({frame}) must be at least log.max_message_bytes "
+            f"({message_bytes}) + {PRODUCE_FRAMING_MAX_BYTES} (a Produce request's framing "
+            "at most), or a batch the log accepts closes the producer's connection"
+        )
+        yield _finding(message, "server.socket_request_max_bytes", "log.max_message_bytes")
+    largest = max(c.raft.fetch_max_bytes, c.raft.max_batch_bytes, c.raft.snapshot_chunk_bytes)
+    try:
+        c.raft_transport.check_fits(largest)
+    except ValueError as e:
+        keys = ("raft.fetch_max_bytes", "raft.max_batch_bytes", "raft.snapshot_chunk_bytes")
+        yield _finding(str(e), "raft_transport.max_message_bytes", *keys)
+
+
+def _heartbeat_findings(c: NodeConfig) -> Iterator[Finding]:
+    """Only on a combined node: its broker's heartbeats against the session timeout its own
+    controller fences with when active. A broker-only node's ``[controller]`` section is not
+    what the controllers fence with (theirs is, and the node cannot see it), and a
+    controller-only node sends no heartbeats; there the operator keeps every broker's
+    heartbeat_interval_ms below the controllers' broker_session_timeout_ms."""
+    if c.process_roles != {Role.BROKER, Role.CONTROLLER}:
+        return
     heartbeat, session = c.broker.heartbeat_interval_ms, c.controller.broker_session_timeout_ms
     if heartbeat >= session:
         message = (
@@ -451,12 +488,6 @@ def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
         yield _finding(
             message, "broker.heartbeat_interval_ms", "controller.broker_session_timeout_ms"
         )
-    largest = max(c.raft.fetch_max_bytes, c.raft.max_batch_bytes, c.raft.snapshot_chunk_bytes)
-    try:
-        c.raft_transport.check_fits(largest)
-    except ValueError as e:
-        keys = ("raft.fetch_max_bytes", "raft.max_batch_bytes", "raft.snapshot_chunk_bytes")
-        yield _finding(str(e), "raft_transport.max_message_bytes", *keys)
 
 
 # -- loading -----------------------------------------------------------------------------------

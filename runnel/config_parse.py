@@ -116,6 +116,8 @@ def read_toml(path: Path) -> Layer:
         raise ConfigError([Problem("config file", source, f"cannot read: {e}")]) from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([Problem("config file", source, f"not valid TOML: {e}")]) from e
+    except UnicodeDecodeError as e:  # TOML is UTF-8 text
+        raise ConfigError([Problem("config file", source, f"not UTF-8 text: {e}")]) from e
     layer: Layer = {TOP: {}}
     for key, value in document.items():
         if isinstance(value, dict):

@@ -292,6 +292,8 @@ def test_a_wrong_type_in_a_variable_names_the_variable(
 
 # -- impossible values -------------------------------------------------------------------------
 
+CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
+
 
 @pytest.mark.parametrize(
     ("changes", "key", "expected"),
@@ -338,6 +340,37 @@ def test_a_wrong_type_in_a_variable_names_the_variable(
             "broker.max_incremental_fetch_session_cache_slots",
             "at least 0",
         ),
+        (
+            {"log": {"max_message_bytes": 104_857_600}},
+            "log.max_message_bytes",
+            "socket_request_max_bytes (104857600) must be at least log.max_message_bytes "
+            "(104857600) + 67584",
+        ),
+        (
+            {"server": {"socket_request_max_bytes": 1_048_588}},
+            "server.socket_request_max_bytes",
+            "must be at least log.max_message_bytes (1048588) + 67584",
+        ),
+        (
+            {"controller": {"num_partitions": 10_001}},
+            "controller.num_partitions",
+            "at most 10000, the most partitions a topic may have",
+        ),
+        (
+            {"controller": {"num_partitions": 50, "max_cluster_partitions": 40}},
+            "controller.num_partitions",
+            "must be at most max_cluster_partitions (40)",
+        ),
+        (
+            {"controller": {"max_cluster_partitions": 0}},
+            "controller.max_cluster_partitions",
+            "at least 1",
+        ),
+        (
+            {"controller": {"metadata_snapshot_bytes": 1}},
+            "controller.metadata_snapshot_bytes",
+            "must be at least 1024, got 1",
+        ),
         ({"metrics_port": 70000}, "metrics_port", "out of range"),
         ({"metrics_port": 9092}, "metrics_port", "already used by a listener"),
         ({"rack": " "}, "rack", "is empty"),
@@ -355,6 +388,46 @@ def test_an_impossible_value_names_the_key_and_the_file(
     assert expected in problem.message
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"server": {"socket_request_max_bytes": 1_048_588 + 66 * 1024}},
+        {"log": {"max_message_bytes": 104_857_600 - 66 * 1024}},
+        {"controller": {"num_partitions": 10_000}},
+        {"controller": {"num_partitions": 40, "max_cluster_partitions": 40}},
+        {"controller": {"metadata_snapshot_bytes": 1024}},
+    ],
+)
+def test_settings_at_the_edge_of_a_relation_load(tmp_path: Path, changes: dict[str, Any]) -> None:
+    load_config(write(tmp_path, changes), {})
+
+
+BROKER_ONLY: dict[str, Any] = {"process_roles": ["broker"], "node_id": 4, "listeners": [CLIENT]}
+
+
+@pytest.mark.parametrize(
+    ("roles", "listeners", "node_id"),
+    [(["broker"], [CLIENT], 4), (["controller"], [CONTROLLER], 1)],
+)
+def test_heartbeat_and_session_timeout_are_compared_only_on_a_combined_node(
+    tmp_path: Path, roles: list[str], listeners: list[str], node_id: int
+) -> None:
+    """A broker-only node's [controller] section is not what the controllers fence with, and
+    a controller-only node sends no heartbeats: neither is held to the relation."""
+    slow = {"broker": {"heartbeat_interval_ms": 9000}}
+    changes = {"process_roles": roles, "listeners": listeners, "node_id": node_id} | slow
+    config = load_config(write(tmp_path, changes), {})
+    assert config.broker.heartbeat_interval_ms == config.controller.broker_session_timeout_ms
+
+
+def test_a_broker_only_node_is_held_to_the_request_size_relation(tmp_path: Path) -> None:
+    changes = BROKER_ONLY | {"server": {"socket_request_max_bytes": 1_048_588}}
+    problem = the_problem(write(tmp_path, changes))
+    assert problem.key == "server.socket_request_max_bytes"
+    controller_only = {"process_roles": ["controller"], "listeners": [CONTROLLER]}
+    load_config(write(tmp_path, controller_only | {"server": changes["server"]}), {})
+
+
 def test_an_impossible_value_from_a_variable_names_the_variable(tmp_path: Path) -> None:
     variable = "RUNNEL_RAFT__FETCH_TIMEOUT_MS"
     problem = the_problem(write(tmp_path), {variable: "-2000"})
@@ -363,8 +436,6 @@ def test_an_impossible_value_from_a_variable_names_the_variable(tmp_path: Path) 
 
 
 # -- listeners, roles and voters ---------------------------------------------------------------
-
-CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
 
 
 @pytest.mark.parametrize(
@@ -536,3 +607,16 @@ def test_an_inter_broker_listener_among_the_listeners_loads(tmp_path: Path) -> N
     config = load_config(path, {})
     assert config.inter_broker_listener_name == "INTERNAL"
     assert str(config.listener("INTERNAL")) == internal
+
+
+def test_a_file_that_is_not_utf8_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe")
+    problem = the_problem(bad)
+    assert (problem.source, problem.message.startswith("not UTF-8 text")) == (str(bad), True)
+    from runnel.cli import main  # as `runnel node --config bad.toml` runs it
+
+    assert main(["node", "--config", str(bad)]) == 1
+    assert "not UTF-8 text" in capsys.readouterr().err

@@ -8,7 +8,9 @@ and never created. DescribeCluster is forwarded to the active controller. Broker
 listed with their address on the listener the request came in on; fenced brokers are left
 out. The controller id a client sees is this broker's own id: clients cannot reach KRaft
 controllers, and this broker forwards admin requests to the active one (as Kafka's brokers
-do).
+do). A topic asked for more than once (by name, by id, or both) is answered once, at its first
+place, and created at most once: Kafka's handleTopicMetadataRequest takes the names and the ids
+as sets, so repeating a name in a request costs nothing.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ def _topic(
 
 
 def _requested_names(image: MetadataImage, request: Any) -> tuple[list[str] | None, list[Any]]:
-    """Names asked for (None: every topic), and the ids asked for that name no topic here.
-    From v10 a topic may be named by id alone."""
+    """Names asked for (None: every topic), and the ids asked for that name no topic here,
+    each once, in the order first asked for. From v10 a topic may be named by id alone."""
     if request.topics is None:
         return None, []
     names, unknown_ids = [], []
@@ -122,7 +124,7 @@ def _requested_names(image: MetadataImage, request: Any) -> tuple[list[str] | No
                 continue
             name = found.name
         names.append(name)
-    return names, unknown_ids
+    return list(dict.fromkeys(names)), list(dict.fromkeys(unknown_ids))
 
 
 def _legal_topic_name(name: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,31 @@ def test_an_unknown_topic_with_an_illegal_name_is_invalid_topic_and_never_create
     ]
     created = [t.name for _, r in broker.controller.calls for t in r.topics]
     assert created == (["fine-name"] if harness == "auto_creating" else [])
+
+
+def test_a_topic_asked_for_more_than_once_is_answered_and_created_once(
+    auto_creating: Harness,
+) -> None:
+    """Kafka's handleTopicMetadataRequest takes names and ids as sets: one answer per topic,
+    however often a request names it (a 180 KB request naming one topic 60,000 times built a
+    16 MB answer before)."""
+    known = uuid.UUID(bytes=TOPIC_ID)
+    ghost = uuid.UUID(int=7)
+    topics = [{"name": "orders"}, {"name": "fresh"}] * 1000 + [
+        {"name": None, "topic_id": known},
+        {"name": None, "topic_id": ghost},
+        {"name": None, "topic_id": ghost},
+    ]
+    body = {"topics": topics, "allow_auto_topic_creation": True}
+    response = auto_creating.ask(ApiKey.METADATA, 12, body)
+    assert [(t.name, t.error_code) for t in response.topics] == [
+        ("orders", ErrorCode.NONE),
+        ("fresh", ErrorCode.LEADER_NOT_AVAILABLE),
+        (None, ErrorCode.UNKNOWN_TOPIC_ID),
+    ]
+    assert response.topics[-1].topic_id == ghost
+    created = [t.name for _, r in auto_creating.controller.calls for t in r.topics]
+    assert created == ["fresh"]
 
 
 def test_a_client_that_forbids_auto_create_is_obeyed(auto_creating: Harness) -> None:

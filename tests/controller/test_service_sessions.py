@@ -148,3 +148,35 @@ def test_leader_rebalancing_is_scheduled_only_when_enabled(enabled: bool) -> Non
     ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
     assert ("rebalance" in controller.periodic) is enabled
     assert {"fence", "keep-alive"} <= set(controller.periodic)
+
+
+def test_topics_and_partitions_beyond_max_cluster_partitions_are_policy_violation() -> None:
+    """``max_cluster_partitions`` of the controller's config bounds CreateTopics (the
+    default count included) and CreatePartitions, each refused POLICY_VIOLATION (Kafka's
+    code 44, as for its own partition limit per request) with nothing written."""
+
+    async def main() -> None:
+        image = cluster(partitions={p: ([1], [1], 1) for p in range(2)})  # "orders": 2
+        controller = StandInController(image, max_cluster_partitions=5)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+
+        async def create(name: str, partitions: int) -> Any:
+            topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=1)
+            request = cpb.CreateTopicsRequest(topics=[topic])
+            answer = await service.CreateTopics(request, None)  # type: ignore[arg-type]
+            assert answer.header.error == cpb.NONE
+            (result,) = answer.topics
+            return result
+
+        assert (await create("fits", 3)).error == cpb.NONE  # 5 in all: the limit
+        for name, partitions in (("over", 1), ("default", -1)):
+            refused = await create(name, partitions)
+            assert (refused.error, int(refused.error)) == (cpb.POLICY_VIOLATION, 44)
+            assert "above its limit of 5" in refused.message
+        grow = cpb.CreatePartitionsRequest(topics=[cpb.CreatePartitionsTopic(name="fits", count=4)])
+        answer = await service.CreatePartitions(grow, None)  # type: ignore[arg-type]
+        assert [t.error for t in answer.topics] == [cpb.POLICY_VIOLATION]
+        assert controller.committed_image.partition_count() == 5
+        assert set(controller.committed_image.topic_ids) == {"orders", "fits"}
+
+    asyncio.run(asyncio.wait_for(main(), 30))
