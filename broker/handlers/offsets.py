@@ -27,6 +27,7 @@ from typing import Any
 from broker.context import BrokerContext
 from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
+from controller.topics import repeated
 from replication.errors import OffsetNotAvailable
 from replication.partition import (
     EARLIEST_LOCAL_TIMESTAMP,
@@ -85,13 +86,7 @@ def _not_listed(p: Any, code: int) -> dict[str, Any]:
 
 
 def _duplicates(request: Any) -> set[tuple[str, int]]:
-    seen: set[tuple[str, int]] = set()
-    twice: set[tuple[str, int]] = set()
-    for topic in request.topics:
-        for p in topic.partitions:
-            key = (topic.name, p.partition_index)
-            (twice if key in seen else seen).add(key)
-    return twice
+    return repeated((t.name, p.partition_index) for t in request.topics for p in t.partitions)
 
 
 def _unsupported_timestamp(timestamp: int, version: int) -> bool:
