@@ -17,7 +17,6 @@ A later group adds one ``register`` call.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
@@ -31,10 +30,12 @@ from runnel import (
     topics_command,
 )
 from runnel.commands import (
+    EXIT_INTERRUPTED,
     EXIT_PROBLEM,
     EXIT_USAGE,
     CommandError,
     UsageError,
+    discard_stdout,
     get_handler,
 )
 
@@ -58,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, the exit code a shell expects
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -81,6 +90,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stdout_closed() -> int:
     """The reader went away (``runnel log dump | head``): exit quietly, as if by SIGPIPE."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
+    discard_stdout()
     return 128 + signal.SIGPIPE

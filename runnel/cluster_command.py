@@ -11,9 +11,13 @@ starts the others under a ``Supervisor``, and waits (at most ``--start-timeout-s
 cluster is healthy: an active controller answers DescribeCluster and every broker is
 registered and unfenced. Then it prints the bootstrap address and a live status view every
 2 s until Ctrl-C or SIGTERM, and stops every node. With ``--once`` it returns once healthy,
-leaving the nodes running (``cluster down`` stops them). While ``up`` runs, its pid is in
+leaving the nodes running (``cluster down`` stops them); a reader of its output that goes
+away (``up --once | head -1``) does not change that. While ``up`` runs, its pid is in
 ``<data dir>/supervisor.pid``, so ``down`` can ask it to stop the nodes itself (otherwise it
 would restart them) and a second ``up`` on the same data dir is refused.
+
+``status`` exits 0 when the cluster is healthy (as ``up`` waits for, and every partition has
+a leader), 1 when it is not, saying why (``healthy`` and ``problems`` in ``--json``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from runnel.commands import (
     EXIT_PROBLEM,
     CommandError,
     Subparsers,
+    discard_stdout,
     int_at_least,
     positive_int,
     set_handler,
@@ -76,7 +81,13 @@ def register(groups: Subparsers) -> None:
     down = commands.add_parser("down", help="stop a local cluster left running")
     _add_data_dir(down)
     set_handler(down, _down)
-    status = commands.add_parser("status", help="the controller leader and every node")
+    status = commands.add_parser(
+        "status",
+        help="the controller leader and every node; exit 1 when unhealthy",
+        description="Show the active controller and every node. Exit 0 when the cluster is "
+        "healthy (an active controller answers, every broker is registered and unfenced, "
+        "every partition has a leader), 1 when it is not, with the reasons.",
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
     add_target_options(status)
     set_handler(status, _status)
@@ -163,15 +174,14 @@ def _up(args: argparse.Namespace) -> int:
     try:
         started = supervisor.start()
         cluster.save()
-        _say_started(cluster, supervisor, started)
+        _say_started(cluster, supervisor, started, args.once)
         _wait_healthy(cluster, supervisor, args.start_timeout_s, signals)
-        print(f"bootstrap: {cluster.kafka_bootstrap}  (Kafka clients)")
-        print(f"controllers: {cluster.bootstrap}  (runnel topics, runnel cluster status)")
         if args.once:
+            keep_running = True  # whatever happens to the output from here on
             pids = " ".join(f"{i}={supervisor.pid(i)}" for i in supervisor.managed)
-            print(f"pids: {pids}", flush=True)
-            keep_running = True
+            _say_ready(cluster, args.once, f"pids: {pids}")
             return EXIT_OK
+        _say_ready(cluster, args.once)
         started = list(supervisor.managed)  # from here on, stopping stops every node
         _watch(cluster, supervisor, signals)
         return EXIT_OK
@@ -193,13 +203,35 @@ def _claim_supervision(cluster: ClusterSpec) -> None:
     path.write_text(f"{os.getpid()}\n")
 
 
-def _say_started(cluster: ClusterSpec, supervisor: Supervisor, started: list[int]) -> None:
+def _say(text: str, once: bool) -> None:
+    """Print to standard output. For ``up --once`` a reader that went away (``| head -1``)
+    must not stop the cluster it starts: the rest of the output goes nowhere instead."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        if not once:
+            raise
+        discard_stdout()
+
+
+def _say_ready(cluster: ClusterSpec, once: bool, *more: str) -> None:
+    lines = [
+        f"bootstrap: {cluster.kafka_bootstrap}  (Kafka clients)",
+        f"controllers: {cluster.bootstrap}  (runnel topics, runnel cluster status)",
+        *more,
+    ]
+    _say("\n".join(lines), once)
+
+
+def _say_started(
+    cluster: ClusterSpec, supervisor: Supervisor, started: list[int], once: bool
+) -> None:
     adopted = [i for i in supervisor.managed if i not in started]
-    print(
+    _say(
         f"cluster in {cluster.data_dir}: {_count(cluster.controllers, 'controller')}, "
         f"{_count(cluster.brokers, 'broker')}; started nodes {_ids(started)}"
         + (f", already running {_ids(adopted)}" if adopted else ""),
-        flush=True,
+        once,
     )
 
 
@@ -358,11 +390,34 @@ def _stop_supervisor(cluster: ClusterSpec) -> int | None:
 def _status(args: argparse.Namespace) -> int:
     controllers = resolve_controllers(args)
     status = gather(controllers, timeout_s=STATUS_TIMEOUT_S)
-    print(json.dumps(status.to_json(), indent=2) if args.json else render(status))
+    problems = _health_problems(status)
+    if args.json:
+        print(
+            json.dumps(
+                {**status.to_json(), "healthy": not problems, "problems": problems}, indent=2
+            )
+        )
+    else:
+        health = f"UNHEALTHY: {'; '.join(problems)}" if problems else "healthy"
+        print(f"{render(status)}\n\nhealth: {health}")
     if status.controller_address is None:
         print(
             f"runnel: no active controller answered at {controllers.described}",
             file=sys.stderr,
         )
-        return EXIT_PROBLEM
-    return EXIT_OK
+    elif problems:
+        print(f"runnel: the cluster is unhealthy: {'; '.join(problems)}", file=sys.stderr)
+    return EXIT_PROBLEM if problems else EXIT_OK
+
+
+def _health_problems(status: ClusterStatus) -> list[str]:
+    """Why the cluster is unhealthy: what ``up`` waits for, and partitions without a leader
+    (the active controller counts the partitions, and each registered broker's leaderships)."""
+    problems = status.unhealthy()
+    if status.controller_address is None or status.partitions is None:
+        return problems
+    led = sum(b.leaders or 0 for b in status.brokers if b.registered)
+    if led < status.partitions:
+        n = status.partitions - led
+        problems.append(f"{n} partition{'s' * (n != 1)} without a leader")
+    return problems

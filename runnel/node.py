@@ -61,7 +61,7 @@ from raft.transport import GrpcTransport, TransportError
 from runnel.commands import EXIT_OK, EXIT_PROBLEM, CommandError, Subparsers, set_handler
 from runnel.config import REPLICATION_LISTENER, ConfigError, NodeConfig, Role, load_config
 from runnel.metrics import serve_metrics
-from storage.dir_lock import DirLock
+from storage.dir_lock import DirLock, make_data_dir
 from storage.errors import StorageError
 from storage.log_manager import LogManager
 
@@ -298,7 +298,7 @@ class RunnelNode:
 
 def _lock_metadata_dir(directory: Path) -> DirLock:
     """The metadata log's data directory, locked (DataDirInUseError if another has it)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_data_dir(directory)
     lock = DirLock(directory)
     lock.acquire()
     return lock
@@ -417,7 +417,7 @@ def _run_node(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, os.environ)
     except ConfigError as e:
-        raise CommandError(f"invalid config:\n{e}") from None
+        raise CommandError(str(e)) from None
     if args.print_config:
         print(config.describe())
         return EXIT_OK

@@ -11,9 +11,13 @@ one indented line per replica that differs from the reference: the first differi
 and what differs) or ``NOT CHECKED`` (then why, per replica); a last line sums up. With
 ``--json``, one JSON object holds the same.
 
-Exit codes: 0 every replica was read and they all agree; 1 a divergence, or a replica that
-could not be read (it was not checked, so nothing is known of it), or the controller could
-not be asked.
+A partition of which only one replica was read has nothing to compare: its line says so
+(``only one replica``) and it is not counted as agreement. With replication factor 1 that is
+no problem (exit 0, honestly worded); when other replicas could not be read it is NOT CHECKED.
+
+Exit codes: 0 every replica was read and they all agree (or a partition has a single replica:
+nothing to compare); 1 a divergence, or a replica that could not be read (it was not checked,
+so nothing is known of it), or the controller could not be asked.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def register(groups: Subparsers) -> None:
         help="compare every replica's batches below the high watermark",
         description="Read the batch metadata (offsets, leader epoch, CRC, size) of every "
         "replica of each partition from its broker and compare them below the smallest high "
-        "watermark. Exit 1 on any divergence or any replica that could not be read.",
+        "watermark. Exit 1 on any divergence or any replica that could not be read; a partition "
+        "with a single replica has nothing to compare (exit 0).",
     )
     verify.add_argument("--topic", metavar="T", help="this topic only (default: every topic)")
     verify.add_argument("--json", action="store_true", help="print one JSON object")
@@ -106,6 +111,9 @@ def _partition_line(r: PartitionReport) -> str:
     status = "DIVERGED" if r.divergences else "NOT CHECKED" if r.not_checked else "ok"
     if r.reference is None:
         return f"{name}: {status}: replicas {replicas}: none could be read"
+    if _replicas_read(r) < 2:
+        what = "only one replica" if len(t.replicas) == 1 else f"only replica {r.reference} read"
+        return f"{name}: {status}: replicas {replicas}; {what}: nothing to compare"
     if r.start_offset >= r.end_offset:
         what = "nothing below the high watermark to compare"
     else:
@@ -115,16 +123,34 @@ def _partition_line(r: PartitionReport) -> str:
     return f"{name}: {status}: replicas {replicas}; {what}"
 
 
+def _replicas_read(r: PartitionReport) -> int:
+    """How many replicas were read (the reference among them)."""
+    return 0 if r.reference is None else len(set(r.target.replicas) - set(r.not_checked))
+
+
+def _compared(r: PartitionReport) -> int:
+    """The batches compared between replicas: none when fewer than two were read."""
+    return r.batches_compared if _replicas_read(r) >= 2 else 0
+
+
 def _summary(reports: list[PartitionReport]) -> str:
-    compared = sum(r.batches_compared for r in reports)
+    compared = sum(_compared(r) for r in reports)
     diverged = sum(1 for r in reports if r.divergences)
     unchecked = sum(1 for r in reports if r.not_checked)
+    alone = sum(1 for r in reports if r.ok and _replicas_read(r) < 2)
     problems = []
     if diverged:
         problems.append(f"{diverged} diverged")
     if unchecked:
         problems.append(f"{unchecked} with replicas not checked")
-    outcome = ", ".join(problems) if problems else "all replicas agree"
+    if problems:
+        outcome = ", ".join(problems)
+    elif alone == len(reports):
+        outcome = "nothing to compare (only one replica of each partition)"
+    else:
+        outcome = "all replicas agree"
+    if alone and alone < len(reports):
+        outcome += f"; {alone} with only one replica, nothing to compare"
     return f"{_count(len(reports), 'partition')} checked, {_batches(compared)} compared: {outcome}"
 
 
@@ -132,7 +158,7 @@ def _as_json(reports: list[PartitionReport]) -> dict[str, Any]:
     return {
         "ok": all(r.ok for r in reports),
         "partitions_checked": len(reports),
-        "batches_compared": sum(r.batches_compared for r in reports),
+        "batches_compared": sum(_compared(r) for r in reports),
         "partitions": [_partition_json(r) for r in reports],
     }
 
@@ -148,7 +174,8 @@ def _partition_json(r: PartitionReport) -> dict[str, Any]:
         "ok": r.ok,
         "start_offset": r.start_offset,
         "end_offset": r.end_offset,
-        "batches_compared": r.batches_compared,
+        "replicas_read": _replicas_read(r),
+        "batches_compared": _compared(r),
         "divergences": [
             {
                 "reference": d.reference,

@@ -22,13 +22,21 @@ from pathlib import Path
 
 from storage.errors import StorageError
 
-__all__ = ["LOCK_FILE", "DataDirInUseError", "DirLock"]
+__all__ = ["LOCK_FILE", "DataDirInUseError", "DirLock", "make_data_dir"]
 
 LOCK_FILE = ".lock"
 
 
 class DataDirInUseError(StorageError):
     """Another process (or another owner in this one) holds the data directory's lock."""
+
+
+def make_data_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) if missing; a file there is "not a directory", not
+    mkdir's "File exists"."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+    path.mkdir(parents=True, exist_ok=True)
 
 
 class DirLock:

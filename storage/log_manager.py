@@ -40,7 +40,7 @@ from storage.checkpoint import OffsetCheckpointFile, fsync_path
 from storage.cleaner import compact
 from storage.config import LogConfig
 from storage.descriptors import DescriptorBudget
-from storage.dir_lock import DataDirInUseError, DirLock
+from storage.dir_lock import DataDirInUseError, DirLock, make_data_dir
 from storage.errors import (
     LogDirOfflineError,
     OutOfFileDescriptorsError,
@@ -139,7 +139,7 @@ class LogManager:
                 continue
             lock = DirLock(data_dir)
             try:
-                data_dir.mkdir(parents=True, exist_ok=True)
+                make_data_dir(data_dir)
                 lock.acquire()
             except DataDirInUseError:
                 self.release_locks()

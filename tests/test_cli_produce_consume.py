@@ -8,6 +8,7 @@ the end and whatever is left is kill -9'd, found by its pid files. Every wait is
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -122,9 +123,9 @@ def test_produced_lines_are_consumed_exactly_keyed_unkeyed_with_headers(local: L
     after_ms = int(time.time() * 1000)
 
     records = consume_json(local, topic, "--from", "earliest")
-    headers = {"source": "cli", "empty": "", "eq": "a=b"}
-    sent: list[tuple[str | None, str, dict[str, str]]] = [(k, v, headers) for k, v in keyed]
-    sent += [(None, v, {}) for v in unkeyed]
+    headers = [["source", "cli"], ["empty", ""], ["eq", "a=b"]]
+    sent: list[tuple[str | None, str, list[list[str]]]] = [(k, v, headers) for k, v in keyed]
+    sent += [(None, v, []) for v in unkeyed]
     got = [(r["key"], r["value"], r["headers"]) for r in records]
     assert sorted(got, key=repr) == sorted(sent, key=repr)
     assert all(before_ms <= r["timestamp"] <= after_ms for r in records), records
@@ -178,6 +179,11 @@ def test_consume_from_latest_an_offset_a_timestamp_and_at_most_n(local: Local) -
         0: everything[0][2:],
         1: everything[1][2:],
     }
+    assert values("--partition", "0", "--partition", "0") == {0: everything[0]}  # once
+    past = runnel("consume", topic, "--bootstrap", local.bootstrap, "--partition", "1",
+                  "--from", "999")  # fmt: skip
+    assert (past.returncode, past.stdout) == (1, ""), past.stderr
+    assert "offset 999 is out of range [0, 3) for partition 1" in past.stderr, past.stderr
 
 
 def test_bad_input_exits_non_zero_with_a_clear_message(local: Local) -> None:
@@ -188,14 +194,19 @@ def test_bad_input_exits_non_zero_with_a_clear_message(local: Local) -> None:
         (["consume", "cli-bad", *b, "--from", "yesterday"], 1, "--from 'yesterday': give"),
         (["consume", "cli-bad", *b, "--from", "@soon"], 1, "--from '@soon': give"),
         (["consume", "cli-bad", *b, "--partition", "7"], 1, "has no partition 7"),
-        (["produce", "cli-bad", *b, "--header", "no-equals"], 1, "'no-equals' is not K=V"),
+        (["produce", "cli-bad", *b, "--header", "no-equals"], 2, "'no-equals' is not K=V"),
         (["produce", "cli-bad", *b, "--compression", "brotli"], 2, "invalid choice: 'brotli'"),
         (["consume", "cli-bad", "--bootstrap", "nowhere"], 2, "'nowhere' is not HOST:PORT"),
         (["consume", "cli-bad", "--data-dir", str(REPO / "no-such")], 1, "no local cluster in"),
+        (
+            ["consume", "cli-bad", "--bootstrap", "127.0.0.1:1"],
+            1,
+            "runnel: error: cannot reach the cluster at 127.0.0.1:1: ",
+        ),
     ]:
         done = runnel(*args, stdin="x\n")
         assert (done.returncode, done.stdout) == (code, ""), (args, done.stderr)
-        assert message in done.stderr, (args, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
     assert "Unknown topic" in runnel("consume", "cli-nope", *b).stderr
 
 
@@ -285,3 +296,72 @@ def test_produce_acks_zero_one_and_all_deliver_and_only_acks_zero_misses_a_refus
     # acks=0: no answer, so the producer counts the record delivered (as Kafka's clients do)
     assert unheard.returncode == 0 and f"produced 1 records to {topic}" in unheard.stderr
     assert [r["value"] for r in consume_json(local, topic)] == sent
+
+
+def test_consume_json_keeps_bytes_nulls_and_repeated_headers_exactly(local: Local) -> None:
+    topic = "cli-exact"
+    local.create_topic(topic, 1)
+    binary = b"\xff\xfe\x00raw"
+    headers = [("h", b"1"), ("h", b"2"), ("null", None), ("empty", b""), ("bin", binary)]
+    producer = Producer({"bootstrap.servers": local.bootstrap})
+    producer.produce(topic, binary, b"k\xc3\xa9", partition=0, headers=headers)
+    producer.produce(topic, None, None, partition=0)
+    producer.produce(topic, b"", b"", partition=0)
+    assert producer.flush(WAIT_S) == 0
+    encoded = {"base64": base64.b64encode(binary).decode()}
+    got = [(r["key"], r["value"], r["headers"]) for r in consume_json(local, topic)]
+    assert got == [
+        ("k\u00e9", encoded,
+         [["h", "1"], ["h", "2"], ["null", None], ["empty", ""], ["bin", encoded]]),
+        (None, None, []),
+        ("", "", []),
+    ]  # fmt: skip
+
+
+def test_a_record_the_client_refuses_stops_produce_after_the_earlier_ones_are_delivered(
+    local: Local,
+) -> None:
+    topic = "cli-refused"
+    local.create_topic(topic, 1)
+    too_big = "x" * 1_100_000  # over the client's message.max.bytes (1,000,000)
+    lines = ["a", "b", "c", too_big, "e"]
+    done = runnel("produce", topic, "--bootstrap", local.bootstrap,
+                  stdin="".join(f"{v}\n" for v in lines))  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"produce to {topic}: 3 delivered; failed at input line 4: " in done.stderr
+    assert [r["value"] for r in consume_json(local, topic)] == ["a", "b", "c"]
+
+
+def test_ctrl_c_while_produce_waits_for_input_reports_every_record_sent_and_exits_130(
+    local: Local, tmp_path: Path
+) -> None:
+    topic = "cli-interrupted"
+    local.create_topic(topic, 1)
+    sent = [f"r{i}" for i in range(100)]
+    stderr = tmp_path / "produce.stderr"
+    with stderr.open("w") as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "runnel", "produce", topic, "--bootstrap", local.bootstrap],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, text=True,
+        )  # fmt: skip
+    assert child.stdin is not None
+    try:
+        child.stdin.write("".join(f"{v}\n" for v in sent))
+        child.stdin.flush()  # and left open: the command then waits for more input
+
+        def stored() -> list[str] | None:
+            values = [r["value"] for r in consume_json(local, topic)]
+            return values if len(values) == len(sent) else None
+
+        assert wait_for("the records to be stored", stored, WAIT_S) == sent
+        child.send_signal(signal.SIGINT)
+        assert child.wait(WAIT_S) == 130, stderr.read_text()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(WAIT_S)
+        child.stdin.close()
+    err = stderr.read_text()
+    assert f"produced 100 records to {topic}" in err and "interrupted" in err, err
+    assert "Traceback" not in err and not re.search(r"^failed: ", err, re.MULTILINE), err

@@ -147,7 +147,11 @@ class Cluster:
         return match[1]
 
     def status(self) -> dict[str, Any]:
-        return dict(json.loads(self.ok("cluster", "status", "--json")))
+        """``cluster status --json``, healthy or not (exit 0 or 1, as it says)."""
+        done = self.run("cluster", "status", "--json")
+        status = dict(json.loads(done.stdout))
+        assert done.returncode == (0 if status["healthy"] else 1), done.stdout + done.stderr
+        return status
 
     def describe(self, topic: str) -> dict[str, Any]:
         return dict(json.loads(self.ok("topics", "describe", topic, "--json")))
@@ -161,11 +165,7 @@ class Cluster:
 
     def healthy(self) -> dict[str, Any] | None:
         done = self.run("cluster", "status", "--json")
-        if done.returncode != 0:
-            return None
-        status = dict(json.loads(done.stdout))
-        brokers = self.brokers(status).values()
-        return status if all(b["registered"] and not b["fenced"] for b in brokers) else None
+        return dict(json.loads(done.stdout)) if done.returncode == 0 else None
 
 
 @pytest.fixture
@@ -327,3 +327,52 @@ def _kill_and_watch(cluster: Cluster, tmp_path: Path) -> None:
         else:  # led by 102 or 103 throughout: 101 left the ISR and rejoined it
             assert p["leader_epoch"] == old["leader_epoch"]
             assert p["partition_epoch"] >= old["partition_epoch"] + 2
+
+
+@pytest.mark.slow
+def test_up_once_into_a_closed_pipe_leaves_the_cluster_up_and_status_tells_unhealthy(
+    cluster: Cluster,
+) -> None:
+    """`cluster up --once | head -1` keeps the cluster it started; `cluster status` exits 1,
+    saying why, once a broker is fenced and a partition has no leader."""
+    up = subprocess.Popen(
+        [sys.executable, "-m", "runnel", "cluster", "up", "--once", *cluster.where,
+         "--controllers", "1", "--brokers", "2", "--base-port", str(cluster.base_port)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert up.stdout is not None
+    try:
+        assert up.stdout.readline().startswith("cluster in ")  # then the reader goes away
+        up.stdout.close()
+        assert up.wait(COMMAND_TIMEOUT_S) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
+    status = cluster.healthy()
+    assert status is not None and status["problems"] == [], status
+    assert all(n["alive"] for n in status["nodes"]), status
+    text = cluster.run("cluster", "status")
+    assert text.returncode == 0 and text.stdout.splitlines()[-1] == "health: healthy"
+
+    # One partition on each broker (replication factor 1); kill -9 broker 102, which
+    # `up --once` does not restart: the controller fences it, and its partition has no
+    # leader left.
+    cluster.ok("topics", "create", "solo", "--partitions", "2", "--replication-factor", "1")
+    victim = cluster.brokers(cluster.status())[102]
+    assert victim["leaders"] == 1, victim
+    os.kill(victim["pid"], signal.SIGKILL)
+    expected = ["broker 102 is fenced", "1 partition without a leader"]
+
+    def unhealthy() -> dict[str, Any] | None:
+        status = cluster.status()  # exit 1 exactly when "healthy" is false
+        return status if status["problems"] == expected else None
+
+    status = wait_for("broker 102 to be fenced", unhealthy, 40)
+    assert status["healthy"] is False
+    text = cluster.run("cluster", "status")
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert text.stdout.splitlines()[-1] == f"health: UNHEALTHY: {'; '.join(expected)}"
+    assert "the cluster is unhealthy" in text.stderr
+    cluster.ok("cluster", "down")

@@ -132,7 +132,8 @@ def test_a_node_whose_data_dir_is_a_file_says_so_and_exits_1(tmp_path: Path) -> 
     log = tmp_path / "node.log"
     code = exit_code(spawn_node(path, log))
     assert code == 1, log.read_text()[-3000:]
-    assert str(tmp_path / "data") in failed_start(log)
+    said = failed_start(log)
+    assert str(tmp_path / "data") in said and "not a directory" in said, said
 
 
 def test_a_node_on_a_data_dir_another_process_holds_says_so_and_exits_1(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -482,13 +483,47 @@ def test_the_command_prints_every_problem_and_exits_1(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "t-0: DIVERGED: replicas 1 (leader), 2; offsets [0, 5), 5 batches compared"
     assert lines[1].startswith("  replica 2 differs from 1 at offset 3: batch at 3: crc 0x")
+    # only replica 1 of t-1 answers: nothing to compare it with, so no batch counts
     assert (
-        lines[2] == "t-1: NOT CHECKED: replicas 1 (leader), 3; offsets [0, 2), 2 batches compared"
+        lines[2]
+        == "t-1: NOT CHECKED: replicas 1 (leader), 3; only replica 1 read: nothing to compare"
     )
     assert lines[3].startswith("  replica 3 not checked: UNAVAILABLE: ")
     assert lines[4:] == [
-        "2 partitions checked, 7 batches compared: 1 diverged, 1 with replicas not checked"
+        "2 partitions checked, 5 batches compared: 1 diverged, 1 with replicas not checked"
     ]
+
+
+def test_a_single_replica_is_not_called_agreement(
+    new_log: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Replication factor 1: nothing to compare, said as much (exit 0: nothing is wrong)."""
+    one, two, alone = new_log("a/t-0"), new_log("b/t-0"), new_log("a/t-1")
+    fill(one, 3)
+    fill(two, 3)
+    fill(alone, 2)
+    sources = [Logs(1, {"t-0": one, "t-1": alone}), Logs(2, {"t-0": two})]
+    targets = [PartitionTarget("t", b"", 0, (1, 2), 1), PartitionTarget("t", b"", 1, (1,), 1)]
+
+    async def main(*args: str) -> int:
+        async with serving(*sources) as (first, second):
+            brokers = [broker(1, ("REPLICATION", first)), broker(2, ("REPLICATION", second))]
+            monkeypatch.setattr(replicas_command, "_describe", lambda _: (targets, brokers))
+            return await asyncio.to_thread(cli.main, ["replicas", "verify", *args])
+
+    assert run(main) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "t-0: ok: replicas 1 (leader), 2; offsets [0, 3), 3 batches compared",
+        "t-1: ok: replicas 1 (leader); only one replica: nothing to compare",
+        "2 partitions checked, 3 batches compared: all replicas agree; "
+        "1 with only one replica, nothing to compare",
+    ]
+    assert run(lambda: main("--json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    pair, single = report["partitions"]
+    assert (pair["replicas_read"], pair["batches_compared"]) == (2, 3)
+    assert (single["ok"], single["replicas_read"], single["batches_compared"]) == (True, 1, 0)
+    assert single["end_offset"] == 2 and report["batches_compared"] == 3
 
 
 # -- on a node ---------------------------------------------------------------------------------

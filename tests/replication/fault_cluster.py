@@ -588,7 +588,7 @@ class Cluster:
         """The active controller's id as ``runnel cluster status`` finds it; None if no
         controller answers as active."""
         done = runnel("cluster", "status", "--json", "--data-dir", str(self.spec.data_dir))
-        if done.returncode != 0:
+        if done.returncode not in (0, 1) or not done.stdout:  # 1: unhealthy, or no controller
             return None
         found = json.loads(done.stdout).get("controller_id")
         return None if found is None else int(found)
