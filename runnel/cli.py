@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from types import FrameType
 
 from runnel import (
     cluster_command,
@@ -59,11 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    previous = signal.signal(signal.SIGINT, _interrupted)
     try:
         return _run(argv)
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the exit code a shell expects
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C raises KeyboardInterrupt where the program is, as Python's default handler
+    does. Not that handler itself: asyncio.run replaces it with one that cancels the main
+    task instead, and a cancelled gRPC call can come back as a failed RPC, which the
+    controller client retries until its deadline (exit 1 after 15 s, not 130). Commands
+    that handle SIGINT themselves (node, cluster up, produce) install their own."""
+    raise KeyboardInterrupt
 
 
 def _run(argv: list[str] | None) -> int:
