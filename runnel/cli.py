@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from types import FrameType
 
 from runnel import (
@@ -60,14 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    previous = signal.signal(signal.SIGINT, _interrupted)
+    # Only the main thread may set a handler (a test may run the CLI in another).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if main_thread else None
     try:
         return _run(argv)
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the exit code a shell expects
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
