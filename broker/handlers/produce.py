@@ -115,7 +115,8 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     image = context.image()
     version = header.api_version
     refuse: tuple[int, str] | None = None
-    if _has_transactional_records(request):  # Kafka checks this before anything else
+    by_partition, transactional = _by_partition(request)
+    if transactional:  # Kafka checks this before anything else
         refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NO_TRANSACTIONS)
     elif acks not in VALID_ACKS:
         refuse = (ErrorCode.INVALID_REQUIRED_ACKS, f"acks must be -1, 0 or 1, not {acks}")
@@ -124,7 +125,7 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     responses = []
     failures = 0
     waiting: list[_Waiting] = []
-    for name, named in _by_partition(request).items():
+    for name, named in by_partition.items():
         partitions = []
         for index, records in named.items():
             if refuse is not None:
@@ -153,32 +154,26 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     return body
 
 
-def _by_partition(request: Any) -> dict[str, dict[int, Any]]:
-    """Each named partition's records by topic, in the order first named. A partition named
-    twice keeps its last records and is answered once: Kafka keys the request's partitions
-    by TopicPartition in a map (KafkaApis.handleProduceRequest)."""
+def _by_partition(request: Any) -> tuple[dict[str, dict[int, Any]], bool]:
+    """Each named partition's records by topic, in the order first named, and whether a
+    partition's first batch is transactional (Kafka's RequestUtils.hasTransactionalRecords:
+    one byte read per partition), in one pass. A partition named twice keeps its last records
+    and is answered once: Kafka keys the request's partitions by TopicPartition in a map
+    (KafkaApis.handleProduceRequest)."""
     out: dict[str, dict[int, Any]] = {}
+    transactional = False
     for topic in request.topic_data:
         named = out.setdefault(topic.name, {})
         for data in topic.partition_data:
-            named[data.index] = data.records
-    return out
-
-
-def _has_transactional_records(request: Any) -> bool:
-    """Whether a partition's first batch is transactional (Kafka's
-    RequestUtils.hasTransactionalRecords): one byte read per partition."""
-    for topic in request.topic_data:
-        for data in topic.partition_data:
-            records = data.records
+            records = named[data.index] = data.records
             if (
                 records is not None
                 and len(records) >= HEADER_SIZE
                 and records[_MAGIC_AT] == MAGIC_V2
                 and records[_ATTRIBUTES_LOW_BYTE_AT] & ATTR_TRANSACTIONAL
             ):
-                return True
-    return False
+                transactional = True
+    return out, transactional
 
 
 def _invalid_records(records: Any, version: int) -> tuple[int, str] | None:
