@@ -185,6 +185,7 @@ def broker_heartbeat(
     now_ms: int,
     *,
     unclean: bool = False,
+    limit: int = elections.MAX_PARTITION_CHANGES,
 ) -> Outcome[cpb.BrokerHeartbeatResponse]:
     """The next state of the broker (module doc's table) and the records that reach it.
 
@@ -192,7 +193,7 @@ def broker_heartbeat(
     ``caught_up_offset``; without a session for this registration (a controller that just
     took over) it must reach ``committed_offset`` instead. ``now_ms`` is not needed by the
     decision (the controller touches the session); ``unclean`` applies to the elections a
-    fence or an unfence triggers.
+    fence or an unfence triggers, ``limit`` bounds the partition changes of an unfence.
     """
     del now_ms
     reg = elections.registration(image, request.broker_id, request.broker_epoch)
@@ -201,7 +202,9 @@ def broker_heartbeat(
         target = session.caught_up_offset
     caught_up = request.metadata_offset >= target
     if reg.fenced:
-        records, fenced, shut_down = _fenced_heartbeat(image, reg, request, caught_up, unclean)
+        records, fenced, shut_down = _fenced_heartbeat(
+            image, reg, request, caught_up, unclean, limit
+        )
     else:
         records, fenced, shut_down = _unfenced_heartbeat(image, reg, request, unclean)
     response = cpb.BrokerHeartbeatResponse(
@@ -216,13 +219,14 @@ def _fenced_heartbeat(
     request: cpb.BrokerHeartbeatRequest,
     caught_up: bool,
     unclean: bool,
+    limit: int,
 ) -> tuple[Records, bool, bool]:
     """(records, fenced after, should shut down) for a fenced broker."""
     if request.want_shutdown or reg.in_controlled_shutdown:
         return [], True, True
     if request.want_fence or not caught_up:
         return [], True, False
-    return elections.unfence_broker(image, reg.broker_id, unclean), False, False
+    return elections.unfence_broker(image, reg.broker_id, unclean, limit), False, False
 
 
 def _unfenced_heartbeat(

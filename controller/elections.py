@@ -49,7 +49,9 @@ __all__ = [
     "alive_brokers",
     "alter_partition",
     "elect_preferred_leaders",
+    "elect_leaderless",
     "fence_broker",
+    "hit_limit",
     "move_leaders_away",
     "rebalance_leaders",
     "remove_from_partitions",
@@ -138,23 +140,62 @@ def remove_from_partitions(
 
 
 def unfence_broker(
-    image: MetadataImage, broker_id: int, unclean: bool | None = False
+    image: MetadataImage,
+    broker_id: int,
+    unclean: bool | None = False,
+    limit: int = MAX_PARTITION_CHANGES,
 ) -> list[pb.MetadataRecord]:
-    """An UnfenceBrokerRecord, and a leader for every leaderless partition whose ISR holds
+    """An UnfenceBrokerRecord, and a leader for the leaderless partitions whose ISR holds
     ``broker_id`` (typically the last ISR member coming back); where unclean election is
-    enabled (``unclean``: its static default, module doc), also for every leaderless
-    partition of which it is a replica and no ISR member is alive (Kafka elects an offline
-    partition's first alive replica then)."""
+    enabled (``unclean``: its static default, module doc), also for the leaderless
+    partitions of which it is a replica and no ISR member is alive (Kafka elects an offline
+    partition's first alive replica then). At most ``limit`` elections: a broker that was the
+    last ISR member of more partitions gets the rest from ``elect_leaderless`` in later
+    decisions (``hit_limit`` tells the caller)."""
     reg = registration(image, broker_id)
     unfence = pb.UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=reg.broker_epoch)
     records = [pb.MetadataRecord(unfence_broker=unfence)]
     if reg.in_controlled_shutdown:
         return records  # unfenced, but still not a broker to lead anything
     alive = alive_brokers(image) | {broker_id}
-    for p in image.replicas_of(broker_id):
+    partitions = image.replicas_of(broker_id)
+    return records + _elect_leaderless(image, partitions, alive, unclean, limit, broker_id)
+
+
+def elect_leaderless(
+    image: MetadataImage, unclean: bool | None, limit: int = MAX_PARTITION_CHANGES
+) -> list[pb.MetadataRecord]:
+    """A leader for at most ``limit`` leaderless partitions that can have one: an ISR
+    member is alive, or (unclean election allowed) another replica is. The active controller
+    runs it after an unfence that ``hit_limit`` and once when it takes over (a previous
+    controller may have stopped in the middle of such a series). One pass over the image."""
+    leaderless = image.leaders_of(NO_LEADER)
+    return _elect_leaderless(image, leaderless, alive_brokers(image), unclean, limit)
+
+
+def hit_limit(records: Sequence[pb.MetadataRecord], limit: int = MAX_PARTITION_CHANGES) -> bool:
+    """Whether a decision made ``limit`` partition changes: there may be more to make."""
+    changes = sum(1 for r in records if r.WhichOneof("record") == "partition_change")
+    return changes >= limit
+
+
+def _elect_leaderless(
+    image: MetadataImage,
+    partitions: Iterable[PartitionState],
+    alive: frozenset[int],
+    unclean: bool | None,
+    limit: int,
+    member: int | None = None,
+) -> list[pb.MetadataRecord]:
+    """Elections for the leaderless ``partitions``: clean where an alive broker is in the
+    ISR (where ``member`` is, if given), unclean where none is and it is allowed."""
+    records: list[pb.MetadataRecord] = []
+    for p in partitions:
+        if len(records) >= limit:
+            break
         if p.leader != NO_LEADER:
             continue
-        if broker_id in p.isr:
+        if member in p.isr if member is not None else alive.intersection(p.isr):
             leader, isr = _elect(p.replicas, p.isr, alive, unclean=False)
         elif not alive.intersection(p.isr) and unclean_allowed(image, p, unclean):
             leader, isr = _elect(p.replicas, p.isr, alive, unclean=True)

@@ -223,6 +223,8 @@ class QuorumController:
                 await task.run()
             except (NotController, TimeoutError, DecisionError) as e:
                 _log.info("controller %d: %s skipped: %r", self.node_id, task.name, e)
+            except Exception:  # a bug: say so loudly, and keep the duty running
+                _log.exception("controller %d: %s failed", self.node_id, task.name)
 
     async def close(self) -> None:
         tasks = [t for t in (self._activation, *self._tasks) if t is not None]

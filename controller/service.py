@@ -11,10 +11,14 @@ Broker sessions (last heartbeat, reported metadata offset, the offset a broker m
 be unfenced) are the active controller's memory, not metadata: they start afresh each time
 this node becomes active, giving every unfenced broker a full session timeout (as Kafka
 does; a new process for such a broker id registers once it has expired). A broker let go
-by a controlled shutdown has no session any more. Three duties run while active: fencing
+by a controlled shutdown has no session any more. Four duties run while active: fencing
 brokers whose session expired, preferred-leader rebalancing (for brokers above
-``leader_imbalance_per_broker_percentage``), and a NoOp record after
-``metadata_max_idle_interval_ms`` without a commit.
+``leader_imbalance_per_broker_percentage``), a NoOp record after
+``metadata_max_idle_interval_ms`` without a commit, and electing leaderless partitions that
+can have a leader: one decision elects at most ``elections.MAX_PARTITION_CHANGES``, so a
+broker coming back as the last ISR member of more partitions than that gets the rest there,
+a decision at a time; it runs only after such an unfence and once on taking over (the
+previous controller may have stopped in the middle of one).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ _log = logging.getLogger(__name__)
 R = TypeVar("R")
 Context = grpc.aio.ServicerContext[Any, Any]
 FENCE_CHECK_INTERVAL_MS = 1000
+LEADERLESS_CHECK_INTERVAL_S = 0.1  # a pass when one is due (module doc), else nothing
 
 
 class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
@@ -62,6 +67,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             max_cluster_partitions=self.config.max_cluster_partitions
         )
         self.sessions: dict[int, BrokerSession] = {}
+        self._leaderless_due = False  # electing leaderless partitions may find some
+        self.partition_change_limit = elections.MAX_PARTITION_CHANGES  # per unfence decision
         controller.on_activation(self._reset_sessions)
         timeout_ms = self.config.broker_session_timeout_ms
         interval_ms = min(FENCE_CHECK_INTERVAL_MS, max(1, timeout_ms // 3))
@@ -72,6 +79,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         if self.config.auto_leader_rebalance_enable:
             interval_s = float(self.config.leader_imbalance_check_interval_s)
             controller.add_periodic(PeriodicTask("rebalance", interval_s, self._rebalance))
+        controller.add_periodic(
+            PeriodicTask("leaderless", LEADERLESS_CHECK_INTERVAL_S, self._elect_leaderless)
+        )
 
     def register(self, server: grpc.aio.Server) -> None:
         controller_pb2_grpc.add_ControllerServiceServicer_to_server(self, server)
@@ -107,9 +117,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         def decide(image: MetadataImage) -> Outcome[cpb.BrokerHeartbeatResponse]:
             committed_offset = self.controller.committed_offset
-            return brokers.broker_heartbeat(
-                image, request, session, committed_offset, now, unclean=unclean
+            limit = self.partition_change_limit
+            outcome = brokers.broker_heartbeat(
+                image, request, session, committed_offset, now, unclean=unclean, limit=limit
             )
+            if not outcome.response.is_fenced and elections.hit_limit(outcome.records, limit):
+                self._leaderless_due = True  # an unfence that did not elect them all
+            return outcome
 
         async def committed(response: cpb.BrokerHeartbeatResponse, offset: int) -> None:
             current = self.sessions.get(request.broker_id)
@@ -273,6 +287,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
     # -- duties of the active controller ---------------------------------------------------
     def _reset_sessions(self) -> None:
+        self._leaderless_due = True  # the last controller may have stopped in the middle
         now, offset = self.controller.clock_ms(), self.controller.committed_offset
         image = self.controller.committed_image
         self.sessions = {  # a fenced broker's session opens with its next heartbeat
@@ -295,6 +310,28 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         await self.controller.write(
             lambda image: Outcome(tuple(elections.rebalance_leaders(image, percentage)), None)
         )
+
+    async def _elect_leaderless(self) -> None:
+        if not self._leaderless_due:
+            return
+        unclean, limit = self.config.unclean_leader_election_enable, self.partition_change_limit
+
+        def decide(image: MetadataImage) -> Outcome[bool]:
+            records = elections.elect_leaderless(image, unclean, limit)
+            return Outcome(tuple(records), elections.hit_limit(records, limit))
+
+        self._leaderless_due = False  # a heartbeat may set it again while this commits
+        try:
+            more, _ = await self.controller.write(decide)
+        except BaseException:
+            self._leaderless_due = True  # not done: the next pass tries again
+            raise
+        if more:
+            self._leaderless_due = True
+            _log.info(
+                "controller %d: electing leaderless partitions, more to come",
+                self.controller.node_id,
+            )
 
     async def _keep_alive(self) -> None:
         """A NoOp when nothing was committed for a whole interval: the log (and the offsets

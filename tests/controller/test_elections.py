@@ -291,6 +291,51 @@ def test_unfencing_a_broker_in_controlled_shutdown_elects_nothing() -> None:
     assert elections.unfence_broker(image, 1) == [rec.unfence_broker(1, epoch_of(1))]
 
 
+def test_the_last_isr_member_of_many_partitions_is_elected_over_several_bounded_decisions() -> None:
+    # Broker 1 is the last ISR member of 5 leaderless partitions; one decision may make 2
+    # changes: the unfence elects 2, the sweeps after it 2 and 1, and the next finds none.
+    image = cluster(partitions={i: ([1, 2], [1], NO_LEADER) for i in range(5)}, fenced=[1])
+    records = elections.unfence_broker(image, 1, limit=2)
+    assert records[0] == rec.unfence_broker(1, epoch_of(1))
+    assert (list(changes(records)), elections.hit_limit(records, 2)) == ([0, 1], True)
+    image = replay(image, records)
+    rounds = []
+    while True:
+        records = elections.elect_leaderless(image, unclean=False, limit=2)
+        rounds.append(sorted(changes(records)))
+        image = replay(image, records)
+        if not elections.hit_limit(records, 2):
+            break
+    assert rounds == [[2, 3], [4]]
+    assert [(part(image, i).leader, part(image, i).isr) for i in range(5)] == [(1, (1,))] * 5
+    assert elections.elect_leaderless(image, unclean=False) == []
+
+
+def test_the_leaderless_sweep_elects_clean_leaders_and_unclean_ones_only_where_allowed() -> None:
+    # 0: its ISR member 2 is alive; 1: its ISR member 3 is fenced, replica 2 alive; 2: no
+    # replica alive; 3: led already.
+    image = cluster(
+        partitions={
+            0: ([1, 2], [2], NO_LEADER),
+            1: ([3, 2], [3], NO_LEADER),
+            2: ([1, 3], [3], NO_LEADER),
+            3: ([2, 1], [2, 1], 2),
+        },
+        fenced=[1, 3],
+    )
+    clean = elections.elect_leaderless(image, unclean=False)
+    assert {p: c.leader for p, c in changes(clean).items()} == {0: 2}
+    unclean = replay(image, elections.elect_leaderless(image, unclean=True))
+    assert [(part(unclean, i).leader, part(unclean, i).isr) for i in range(4)] == [
+        (2, (2,)),
+        (2, (2,)),  # out of sync: it becomes the whole ISR
+        (NO_LEADER, (3,)),
+        (2, (2, 1)),
+    ]
+    # unclean=None (never) whatever the static default: as for a controlled shutdown
+    assert set(changes(elections.elect_leaderless(image, unclean=None))) == {0}
+
+
 # -- controlled shutdown -----------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ ones before them, standbys refuse, and a new active controller takes over."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from support import FAST_RAFT
 from controller.config import ControllerConfig
 from controller.image import MetadataImage
 from controller.outcome import DecisionError, Outcome
-from controller.quorum import NotController, QuorumController
+from controller.quorum import NotController, PeriodicTask, QuorumController
 from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
@@ -199,3 +200,38 @@ def test_a_record_too_large_for_the_metadata_log_refuses_the_request_not_the_nod
         await cs.converged()
 
     run(main, tmp_path)
+
+
+def test_a_periodic_duty_that_fails_unexpectedly_is_logged_and_runs_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in one run of a duty (fencing, say) must not end that duty for the rest of
+    this controller's term."""
+    runs: list[int] = []
+
+    async def duty() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise ValueError("a bug in the duty")
+
+    async def body() -> None:
+        machine, transport = MetadataStateMachine(), LocalHub().transport(1)
+        node = RaftNode(
+            RaftNodeConfig(1, frozenset({1}), tmp_path / "c1", FAST), transport, machine
+        )
+        controller = QuorumController(node, machine, ControllerConfig())
+        controller.add_periodic(PeriodicTask("duty", 0.01, duty))
+        await transport.start()
+        await node.start()
+        try:
+            async with asyncio.timeout(10):
+                while len(runs) < 3:
+                    await asyncio.sleep(0.01)
+        finally:
+            await controller.close()
+            await node.close()
+            await transport.close()
+
+    with caplog.at_level(logging.ERROR, logger="controller.quorum"):
+        asyncio.run(asyncio.wait_for(body(), 30))
+    assert any("duty failed" in r.getMessage() and r.exc_info for r in caplog.records)

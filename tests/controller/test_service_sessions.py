@@ -180,3 +180,52 @@ def test_topics_and_partitions_beyond_max_cluster_partitions_are_policy_violatio
         assert set(controller.committed_image.topic_ids) == {"orders", "fits"}
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def leaders(controller: StandInController) -> list[int]:
+    partitions = controller.committed_image.topics[ORDERS].partitions
+    return [partitions[p].leader for p in sorted(partitions)]
+
+
+def test_an_unfence_over_the_change_limit_elects_the_rest_in_later_bounded_decisions() -> None:
+    """Broker 1 comes back as the last ISR member of 5 leaderless partitions, 2 changes per
+    decision: the unfence elects 2, the leaderless duty 2 and then 1, and then stops
+    writing."""
+
+    async def main() -> None:
+        image = cluster(partitions={p: ([1, 2], [1], -1) for p in range(5)}, fenced=[1])
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        service.partition_change_limit = 2
+        controller.activate()
+        await controller.periodic["leaderless"].run()  # the pass a takeover asks for: none
+        assert leaders(controller) == [-1] * 5
+        await heartbeat(service, controller.committed_image, 1)
+        assert not controller.committed_image.brokers[1].fenced
+        assert leaders(controller) == [1, 1, -1, -1, -1]
+        await controller.periodic["leaderless"].run()
+        assert leaders(controller) == [1, 1, 1, 1, -1]
+        await controller.periodic["leaderless"].run()
+        assert leaders(controller) == [1] * 5
+        offset = controller.committed_offset
+        await controller.periodic["leaderless"].run()  # not due any more: no decision
+        assert controller.committed_offset == offset
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_new_active_controller_elects_leaderless_partitions_an_earlier_one_left() -> None:
+    """An earlier controller unfenced broker 1 and stopped before electing all of its
+    partitions: the duty is due from the moment this one becomes active, not before."""
+
+    async def main() -> None:
+        image = cluster(partitions={p: ([1, 2], [1], -1) for p in range(3)})
+        controller = StandInController(image)
+        ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        await controller.periodic["leaderless"].run()  # not active yet: nothing due
+        assert leaders(controller) == [-1] * 3
+        controller.activate()
+        await controller.periodic["leaderless"].run()
+        assert leaders(controller) == [1] * 3
+
+    asyncio.run(asyncio.wait_for(main(), 30))
