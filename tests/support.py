@@ -1,18 +1,19 @@
 """Helpers shared by the tests: a settable clock, a compact batch builder, an import
-checker for pure modules, fast Raft timeouts for in-process clusters, and small real disks
-(tmpfs) that fill up."""
+checker for pure modules, fast Raft timeouts for in-process clusters, small real disks
+(tmpfs) that fill up, and the config file of a one-node cluster."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from raft.core import RaftConfig
+from raft.testing.processes import free_ports
 from storage.batch import CompressionType
 from storage.records import RecordInput, build_batch
 
@@ -110,3 +111,42 @@ def fill(disk: Path) -> None:
         while True:
             f.write(b"x" * 65536)
             f.flush()
+
+
+# Quick heartbeats and elections for a one-node cluster started by a test.
+FAST_NODE_SECTIONS = """[broker]
+heartbeat_interval_ms = 100
+[raft]
+election_timeout_ms = 100
+fetch_timeout_ms = 600
+fetch_max_wait_ms = 100
+"""
+
+
+def write_combined_node_config(
+    tmp_path: Path,
+    listeners: Sequence[str] = ("CLIENT", "CONTROLLER"),
+    settings: Callable[[dict[str, int]], str] = lambda ports: "",
+    *,
+    fast: bool = True,
+) -> tuple[Path, dict[str, int]]:
+    """``tmp_path/node.toml`` of node 1, controller and broker in one process, the only
+    voter: a free port on 127.0.0.1 for each listener named (CONTROLLER is the controller
+    listener; METRICS is the metrics port, not a listener), then the top-level lines
+    ``settings(ports)`` gives, and ``FAST_NODE_SECTIONS`` if ``fast``. Returns the path and
+    the ports."""
+    ports = dict(zip(listeners, free_ports(len(listeners)), strict=True))
+    bound = ", ".join(f'"{n}://127.0.0.1:{p}"' for n, p in ports.items() if n != "METRICS")
+    lines = [
+        "node_id = 1",
+        'process_roles = ["controller", "broker"]',
+        f"listeners = [{bound}]",
+        f'data_dirs = ["{tmp_path / "data"}"]',
+        f'controller_quorum_voters = "1@127.0.0.1:{ports["CONTROLLER"]}"',
+    ]
+    if "METRICS" in ports:
+        lines.append(f"metrics_port = {ports['METRICS']}")
+    text = "\n".join(lines) + "\n" + settings(ports) + (FAST_NODE_SECTIONS if fast else "")
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    return path, ports

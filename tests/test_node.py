@@ -11,36 +11,20 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from support import REPO
+from support import REPO, write_combined_node_config
 
 from broker.lifecycle import BrokerState
 from controller.client import ControllerClient
 from proto import controller_pb2 as cpb
-from raft.testing.processes import free_ports
 from runnel.config import load_config
 from runnel.node import RunnelNode
 
 
 def write_config(tmp_path: Path) -> tuple[Path, int, int]:
-    client, controller, replication, metrics = free_ports(4)
-    path = tmp_path / "node.toml"
-    path.write_text(
-        f"""node_id = 1
-process_roles = ["controller", "broker"]
-listeners = ["CLIENT://127.0.0.1:{client}", "CONTROLLER://127.0.0.1:{controller}",
-             "REPLICATION://127.0.0.1:{replication}"]
-data_dirs = ["{tmp_path / "data"}"]
-controller_quorum_voters = "1@127.0.0.1:{controller}"
-metrics_port = {metrics}
-[broker]
-heartbeat_interval_ms = 100
-[raft]
-election_timeout_ms = 100
-fetch_timeout_ms = 600
-fetch_max_wait_ms = 100
-"""
+    path, ports = write_combined_node_config(
+        tmp_path, ("CLIENT", "CONTROLLER", "REPLICATION", "METRICS")
     )
-    return path, controller, metrics
+    return path, ports["CONTROLLER"], ports["METRICS"]
 
 
 # Counts since start-up are counters (``_total``); values "now" stay gauges.

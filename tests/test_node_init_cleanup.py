@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import write_combined_node_config
 
 import runnel.node as node_module
 from raft.driver import RaftNode
-from raft.testing.processes import free_ports
 from runnel.commands import EXIT_PROBLEM
 from runnel.config import NodeConfig, load_config
 from runnel.node import RunnelNode, serve
@@ -44,16 +44,7 @@ def held_open(root: Path) -> list[str]:
 
 
 def combined_node_config(tmp_path: Path) -> NodeConfig:
-    client, controller = free_ports(2)
-    path = tmp_path / "node.toml"
-    path.write_text(
-        f"""node_id = 1
-process_roles = ["controller", "broker"]
-listeners = ["CLIENT://127.0.0.1:{client}", "CONTROLLER://127.0.0.1:{controller}"]
-data_dirs = ["{tmp_path / "data"}"]
-controller_quorum_voters = "1@127.0.0.1:{controller}"
-"""
-    )
+    path, _ = write_combined_node_config(tmp_path, fast=False)
     return load_config(path, {})
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from support import write_combined_node_config
 
-from raft.testing.processes import free_ports, kill, spawn_python
+from raft.testing.processes import kill, spawn_python
 
 WAIT_S = 60.0  # the node's start, its stop, one request's answer
 METADATA = 3  # Kafka's API key
@@ -45,29 +46,12 @@ class Node:
 
 
 def write_config(tmp_path: Path) -> tuple[Path, dict[str, int]]:
-    client, controller, internal, metrics = free_ports(4)
-    path = tmp_path / "node.toml"
-    hosts = ADVERTISED_HOSTS
-    path.write_text(
-        f"""node_id = 1
-process_roles = ["controller", "broker"]
-listeners = ["CLIENT://127.0.0.1:{client}", "CONTROLLER://127.0.0.1:{controller}",
-             "INTERNAL://127.0.0.1:{internal}"]
-advertised_listeners = ["CLIENT://{hosts["CLIENT"]}:{client}",
-                        "INTERNAL://{hosts["INTERNAL"]}:{internal}"]
-inter_broker_listener_name = "INTERNAL"
-data_dirs = ["{tmp_path / "data"}"]
-controller_quorum_voters = "1@127.0.0.1:{controller}"
-metrics_port = {metrics}
-[broker]
-heartbeat_interval_ms = 100
-[raft]
-election_timeout_ms = 100
-fetch_timeout_ms = 600
-fetch_max_wait_ms = 100
-"""
-    )
-    return path, {"CLIENT": client, "INTERNAL": internal, "METRICS": metrics}
+    def settings(ports: dict[str, int]) -> str:
+        advertised = ", ".join(f'"{n}://{h}:{ports[n]}"' for n, h in ADVERTISED_HOSTS.items())
+        return f'advertised_listeners = [{advertised}]\ninter_broker_listener_name = "INTERNAL"\n'
+
+    listeners = ("CLIENT", "CONTROLLER", "INTERNAL", "METRICS")
+    return write_combined_node_config(tmp_path, listeners, settings)
 
 
 @pytest.fixture
