@@ -19,6 +19,8 @@ Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
     flush.ms                   int >= 1 (2**63-1: never)           flush_ms
     index.interval.bytes       int >= 0                            index_interval_bytes
     max.message.bytes          int >= 61                           max_message_bytes
+    message.timestamp.after.max.ms   int >= 0 (2**63-1: no limit)  message_timestamp_after_max_ms
+    message.timestamp.before.max.ms  int >= 0 (2**63-1: no limit)  message_timestamp_before_max_ms
     message.timestamp.type     CreateTime | LogAppendTime          message_timestamp_type
     min.cleanable.dirty.ratio  0.0 .. 1.0                          min_cleanable_dirty_ratio
     min.compaction.lag.ms      int >= 0                            min_compaction_lag_ms
@@ -50,9 +52,10 @@ INVALID_CONFIG.
 Broker configs (resource name "" for the cluster-wide default, or a broker id): the broker-wide
 defaults of some topic configs, under Kafka's broker names:
 
-    log.cleanup.policy, log.flush.interval.messages, log.flush.interval.ms, log.retention.bytes,
-    log.retention.ms, log.roll.ms, log.segment.bytes, message.max.bytes, min.insync.replicas,
-    unclean.leader.election.enable (each as the topic config it defaults)
+    log.cleanup.policy, log.flush.interval.messages, log.flush.interval.ms,
+    log.message.timestamp.after.max.ms, log.message.timestamp.before.max.ms,
+    log.retention.bytes, log.retention.ms, log.roll.ms, log.segment.bytes, message.max.bytes,
+    min.insync.replicas, unclean.leader.election.enable (each as the topic config it defaults)
 
 The controller's elections read ``unclean.leader.election.enable`` of the topic, else of the
 cluster-wide resource "" (a broker id's value is not used by elections: no broker elects),
@@ -132,6 +135,10 @@ def _minus_one(value: int) -> bool:
 
 def _negative(value: int) -> bool:
     return value < 0
+
+
+def _max(value: int) -> bool:
+    return value == _INT64_MAX
 
 
 def _minus_one_or_max(value: int) -> bool:
@@ -252,12 +259,6 @@ _FIXED: Mapping[str, _Setting] = {
     "max.compaction.lag.ms": _fixed(
         _NEVER, _integer(_INT64_MAX), "runnel's cleaner does not force compaction by age"
     ),
-    "message.timestamp.after.max.ms": _fixed(
-        _NEVER, _integer(_INT64_MAX), "runnel does not check record timestamps"
-    ),
-    "message.timestamp.before.max.ms": _fixed(
-        _NEVER, _integer(_INT64_MAX), "runnel does not check record timestamps"
-    ),
     "preallocate": _fixed("false", _boolean, "runnel does not preallocate segment files"),
     "remote.log.copy.disable": _fixed("false", _boolean, _NO_TIERS),
     "remote.log.delete.on.disable": _fixed("false", _boolean, _NO_TIERS),
@@ -281,6 +282,12 @@ TOPIC_CONFIGS: Mapping[str, _Setting] = {
     ),
     "index.interval.bytes": _Setting("index_interval_bytes", _integer(_INT32_MAX)),
     "max.message.bytes": _Setting("max_message_bytes", _integer(_INT32_MAX)),
+    "message.timestamp.after.max.ms": _Setting(
+        "message_timestamp_after_max_ms", _integer(_INT64_MAX, unlimited=_max), unlimited=_NEVER
+    ),
+    "message.timestamp.before.max.ms": _Setting(
+        "message_timestamp_before_max_ms", _integer(_INT64_MAX, unlimited=_max), unlimited=_NEVER
+    ),
     "message.timestamp.type": _Setting("message_timestamp_type", _timestamp_type),
     "min.cleanable.dirty.ratio": _Setting("min_cleanable_dirty_ratio", _ratio),
     "min.compaction.lag.ms": _Setting("min_compaction_lag_ms", _integer(_INT64_MAX)),
@@ -315,6 +322,8 @@ BROKER_CONFIGS: Mapping[str, str] = {
     "log.retention.bytes": "retention.bytes",
     "log.retention.ms": "retention.ms",
     "log.roll.ms": "segment.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
     "log.segment.bytes": "segment.bytes",
     "message.max.bytes": "max.message.bytes",
     "min.insync.replicas": "min.insync.replicas",

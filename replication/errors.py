@@ -184,6 +184,7 @@ _FROM_STORAGE: tuple[tuple[type[storage_errors.StorageError], type[ReplicationEr
     (storage_errors.CorruptRecordError, CorruptMessage),
     (storage_errors.RecordTooLargeError, MessageTooLarge),
     (storage_errors.InvalidRecordError, InvalidRecord),
+    (storage_errors.InvalidTimestampError, InvalidTimestamp),
     (storage_errors.OffsetOutOfRangeError, OffsetOutOfRange),
     (storage_errors.OutOfOrderSequenceError, OutOfOrderSequenceNumber),
     (storage_errors.InvalidProducerEpochError, InvalidProducerEpoch),

@@ -9,6 +9,7 @@ from storage.batch import TimestampType
 
 CleanupPolicy = Literal["delete", "compact", "compact,delete"]
 _DAY_MS = 24 * 60 * 60 * 1000
+_HOUR_MS = 60 * 60 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,10 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    # CreateTime batches stamped further from the leader's clock are refused (KIP-937;
+    # Kafka 4's defaults): a clock far ahead would keep its segments from time retention.
+    message_timestamp_before_max_ms: int | None = None
+    message_timestamp_after_max_ms: int | None = _HOUR_MS
     producer_id_expiration_ms: int = _DAY_MS
     max_decompressed_batch_bytes: int = 64 * 1024 * 1024  # limit when records are decoded
 
@@ -45,7 +50,14 @@ class LogConfig:
         _at_least("min_compaction_lag_ms", self.min_compaction_lag_ms, 0)
         _at_least("producer_id_expiration_ms", self.producer_id_expiration_ms, 1)
         _at_least("max_decompressed_batch_bytes", self.max_decompressed_batch_bytes, 1024)
-        for name in ("flush_messages", "flush_ms", "retention_ms", "retention_bytes"):
+        for name in (
+            "flush_messages",
+            "flush_ms",
+            "retention_ms",
+            "retention_bytes",
+            "message_timestamp_before_max_ms",
+            "message_timestamp_after_max_ms",
+        ):
             value = getattr(self, name)
             if value is not None:
                 _at_least(name, value, 1 if name.startswith("flush") else 0)

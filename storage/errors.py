@@ -37,6 +37,13 @@ class RecordTooLargeError(StorageError):
     kafka_code = 10  # MESSAGE_TOO_LARGE
 
 
+class InvalidTimestampError(StorageError):
+    """A client batch's timestamps lie outside what the log accepts around its clock
+    (``message_timestamp_before_max_ms`` / ``message_timestamp_after_max_ms``)."""
+
+    kafka_code = 32  # INVALID_TIMESTAMP
+
+
 class OffsetOutOfRangeError(StorageError):
     """An offset lies outside [log start offset, log end offset]."""
 

@@ -37,6 +37,7 @@ from storage.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     NO_PARTITION_LEADER_EPOCH,
+    NO_TIMESTAMP,
     BatchHeader,
     TimestampType,
     validate_batch,
@@ -46,6 +47,7 @@ from storage.config import LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import (
     InvalidRecordError,
+    InvalidTimestampError,
     LogDirOfflineError,
     OffsetOutOfRangeError,
     OutOfFileDescriptorsError,
@@ -275,6 +277,8 @@ class Log:
                     duplicate=True,
                 )
         restamp = self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME
+        if not restamp:
+            self._check_timestamps(headers, now_ms)
         buffers: list[bytes | memoryview] = []
         batches: list[BatchPosition] = []
         next_offset = self._log_end_offset
@@ -294,6 +298,31 @@ class Log:
         if latest is None or leader_epoch > latest:
             self.epoch_cache.assign(leader_epoch, self._log_end_offset)
         return self._write(len(view), buffers, batches, now_ms, now_ms if restamp else -1)
+
+    def _check_timestamps(self, headers: list[tuple[int, BatchHeader]], now_ms: int) -> None:
+        """A CreateTime log refuses a client batch whose first or largest timestamp lies
+        further from ``now_ms`` than the config allows (KIP-937). Kafka checks every record;
+        this reads the batch header only (records stay opaque): the largest timestamp is what
+        retention, the time index and producer-id expiry go by. -1 (none) is not checked."""
+        before, after = (
+            self.config.message_timestamp_before_max_ms,
+            self.config.message_timestamp_after_max_ms,
+        )
+        for _, h in headers:
+            if after is not None and h.max_timestamp > now_ms + after:
+                raise InvalidTimestampError(
+                    f"timestamp {h.max_timestamp} is more than message.timestamp.after.max.ms "
+                    f"({after}) after the broker's clock ({now_ms})"
+                )
+            if (
+                before is not None
+                and h.base_timestamp != NO_TIMESTAMP
+                and h.base_timestamp < now_ms - before
+            ):
+                raise InvalidTimestampError(
+                    f"timestamp {h.base_timestamp} is more than message.timestamp.before.max.ms "
+                    f"({before}) before the broker's clock ({now_ms})"
+                )
 
     @_io_guarded
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from collections.abc import Callable
 
 import pytest
@@ -298,6 +299,42 @@ def test_a_request_larger_than_a_segment_is_record_list_too_large(
         assert (answer.error_code, answer.base_offset) == (ErrorCode.RECORD_LIST_TOO_LARGE, -1)
         assert log_end(c, topic, p) == 0
         assert c.produce(topic, {p: batch_of_size(1000)})[p].error_code == ErrorCode.NONE
+
+
+# -- timestamps ---------------------------------------------------------------------------------
+
+
+def test_a_batch_stamped_too_far_from_the_brokers_clock_is_invalid_timestamp(
+    cluster: SharedCluster,
+) -> None:
+    """KIP-937: by default a batch more than an hour ahead is refused; a topic may bound how
+    far behind or ahead it takes. Nothing refused is appended."""
+    hour = 3_600_000
+    default, p = new_topic(cluster, "ts-default")
+    bounded, q = new_topic(
+        cluster,
+        "ts-bounded",
+        {"message.timestamp.before.max.ms": "60000", "message.timestamp.after.max.ms": "60000"},
+    )
+    with cluster.client(101) as c:
+        now = int(time.time() * 1000)
+        refused = [
+            (default, p, now + 2 * hour),
+            (bounded, q, now + 10 * 60_000),
+            (bounded, q, now - 10 * 60_000),
+        ]
+        for topic, partition, stamp in refused:
+            answer = c.produce(topic, {partition: make_batch([b"x"], timestamp_ms=stamp)})
+            assert (answer[partition].error_code, answer[partition].base_offset) == (
+                ErrorCode.INVALID_TIMESTAMP,
+                -1,
+            ), (topic, stamp - now)
+        assert (log_end(c, default, p), log_end(c, bounded, q)) == (0, 0)
+        taken = [(default, p, now + hour // 2), (default, p, now - 100 * hour), (bounded, q, now)]
+        for topic, partition, stamp in taken:
+            answer = c.produce(topic, {partition: make_batch([b"y"], timestamp_ms=stamp)})
+            assert answer[partition].error_code == ErrorCode.NONE, (topic, stamp - now)
+        assert (log_end(c, default, p), log_end(c, bounded, q)) == (2, 1)
 
 
 # -- acks and mixed requests ------------------------------------------------------------------

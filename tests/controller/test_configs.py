@@ -262,12 +262,35 @@ def test_append_to_an_unknown_name_is_refused_as_unknown() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "committed", "field"),
+    [("60000", "60000", 60_000), ("0", "0", 0), (str(2**63 - 1), str(2**63 - 1), None)],
+)
+def test_the_timestamp_bounds_are_settable_and_the_longest_one_means_no_limit(
+    given: str, committed: str, field: int | None
+) -> None:
+    image = cluster()
+    for key in ("message.timestamp.after.max.ms", "message.timestamp.before.max.ms"):
+        outcome = incremental_alter_configs(image, alter(TOPIC, "orders", set_(key, given)))
+        assert outcome.response.resources[0].error == cpb.NONE
+        entries = replay(image, outcome.records).configs[(TOPIC, "orders")]
+        assert entries == {key: committed}
+        log = topic_log_config(entries, LogConfig())
+        assert getattr(log, key.replace(".", "_")) == field
+
+
+def test_a_negative_timestamp_bound_is_invalid_config() -> None:
+    result = refused(
+        cluster(), alter(TOPIC, "orders", set_("message.timestamp.after.max.ms", "-1"))
+    )
+    assert result.error == cpb.INVALID_CONFIG, result
+
+
+@pytest.mark.parametrize(
     ("key", "given", "committed"),
     [
         ("compression.type", "producer", "producer"),
         ("preallocate", "False", "false"),
         ("max.compaction.lag.ms", str(2**63 - 1), str(2**63 - 1)),
-        ("message.timestamp.after.max.ms", str(2**63 - 1), str(2**63 - 1)),
         ("file.delete.delay.ms", "0", "0"),
         ("local.retention.ms", "-2", "-2"),
         ("remote.storage.enable", "false", "false"),

@@ -16,6 +16,7 @@ from storage.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTimestampError,
     LogDirOfflineError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -399,6 +400,56 @@ def test_log_append_time_restamps_max_timestamp_with_a_valid_crc(
     header = validate_batch(raw)  # raises if the CRC were wrong
     assert header.max_timestamp == clock.now_ms
     assert header.timestamp_type is TimestampType.LOG_APPEND_TIME
+
+
+def test_create_time_batches_stamped_over_an_hour_ahead_are_refused_by_default(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    """KIP-937, Kafka 4's defaults: a batch stamped more than an hour ahead of the clock is
+    refused (a clock far ahead would keep its segment from time retention); one stamped long
+    ago is not. Nothing refused is written."""
+    now, hour = clock.now_ms, 3_600_000
+    log = open_log()
+    log.append_as_leader(make_batch([b"ok"], timestamp_ms=now + hour), leader_epoch=0)
+    log.append_as_leader(make_batch([b"old"], timestamp_ms=now - 100 * hour), leader_epoch=0)
+    with pytest.raises(InvalidTimestampError, match="after.max.ms"):
+        log.append_as_leader(make_batch([b"x"], timestamp_ms=now + hour + 1), leader_epoch=0)
+    # The largest timestamp counts, not only the first record's (make_batch adds i ms).
+    with pytest.raises(InvalidTimestampError):
+        log.append_as_leader(make_batch([b"y", b"z"], timestamp_ms=now + hour), leader_epoch=0)
+    assert log.log_end_offset == 2
+
+
+def test_both_timestamp_bounds_are_inclusive(open_log: OpenLog, clock: FakeClock) -> None:
+    now = clock.now_ms
+    log = open_log(
+        LogConfig(message_timestamp_before_max_ms=1000, message_timestamp_after_max_ms=0)
+    )
+    log.append_as_leader(make_batch([b"a"], timestamp_ms=now - 1000), leader_epoch=0)
+    log.append_as_leader(make_batch([b"b"], timestamp_ms=now), leader_epoch=0)
+    with pytest.raises(InvalidTimestampError, match="before.max.ms"):
+        log.append_as_leader(make_batch([b"c"], timestamp_ms=now - 1001), leader_epoch=0)
+    with pytest.raises(InvalidTimestampError):
+        log.append_as_leader(make_batch([b"d"], timestamp_ms=now + 1), leader_epoch=0)
+    assert log.log_end_offset == 2
+
+
+def test_log_append_time_logs_take_any_client_timestamp(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    log = open_log(LogConfig(message_timestamp_type=TimestampType.LOG_APPEND_TIME))
+    log.append_as_leader(make_batch([b"a"], timestamp_ms=clock.now_ms + 10**9), leader_epoch=0)
+    assert log.log_end_offset == 1
+
+
+def test_a_follower_copies_batches_whatever_their_timestamps(
+    open_log: OpenLog, clock: FakeClock
+) -> None:
+    """The leader judged them by its own clock; the follower's may differ."""
+    log = open_log()
+    far = make_batch([b"a"], timestamp_ms=clock.now_ms + 10**9, partition_leader_epoch=0)
+    log.append_as_follower(far)
+    assert log.log_end_offset == 1
 
 
 def test_offset_for_timestamp(open_log: OpenLog) -> None:
