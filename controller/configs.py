@@ -27,7 +27,7 @@ Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
     min.insync.replicas        int >= 1                            (replication, not the log)
     retention.bytes            int >= 0, or any negative (-1)      retention_bytes
     retention.ms               int >= 0, or -1                     retention_ms
-    segment.bytes              int >= 128                          segment_bytes
+    segment.bytes              int >= 1 MiB (new values)           segment_bytes
     segment.index.bytes        int >= 24                           segment_index_bytes
     segment.jitter.ms          int >= 0, below segment.ms          segment_jitter_ms
     segment.ms                 int >= 1                            segment_ms
@@ -35,7 +35,10 @@ Topic configs (Kafka's names; -1 means "no limit" where Kafka allows it):
 
 The flush settings' "never" (None in LogConfig) reads as Kafka's default, 2**63-1; -1, which
 runnel once committed for it, is still read but no longer accepted in a request (Kafka wants
-at least 1). Any negative retention.bytes is committed as -1.
+at least 1). Any negative retention.bytes is committed as -1. A new segment.bytes (topic, or
+log.segment.bytes) must be at least 1 MiB, Kafka 4's minimum: with tiny segments every batch
+takes a file descriptor; a smaller value committed before is still read, and the node's own
+``[log] segment_bytes`` (the operator's file) keeps the storage engine's minimum, 128.
 
 Kafka topic configs runnel does not implement (``_FIXED``: compression.type, preallocate,
 max.compaction.lag.ms, the tiered-storage and throttling ones, ...) accept only the value that
@@ -294,7 +297,8 @@ TOPIC_CONFIGS: Mapping[str, _Setting] = {
     "min.insync.replicas": _Setting(None, _integer(_INT32_MAX, minimum=1)),
     "retention.bytes": _Setting("retention_bytes", _integer(_INT64_MAX, unlimited=_negative)),
     "retention.ms": _Setting("retention_ms", _integer(_INT64_MAX, unlimited=_minus_one)),
-    "segment.bytes": _Setting("segment_bytes", _integer(_INT32_MAX)),
+    # Kafka 4's minimum (KIP-1030): a client may not make every batch a file (descriptors).
+    "segment.bytes": _Setting("segment_bytes", _integer(_INT32_MAX), set_minimum=1024 * 1024),
     "segment.index.bytes": _Setting("segment_index_bytes", _integer(_INT32_MAX)),
     "segment.jitter.ms": _Setting("segment_jitter_ms", _integer(_INT64_MAX)),
     "segment.ms": _Setting("segment_ms", _integer(_INT64_MAX)),

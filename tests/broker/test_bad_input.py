@@ -290,15 +290,16 @@ def test_a_batch_over_the_default_max_message_bytes_is_message_too_large(
 def test_a_request_larger_than_a_segment_is_record_list_too_large(
     cluster: SharedCluster,
 ) -> None:
-    configs = {"segment.bytes": "1024", "max.message.bytes": "100000"}
+    segment = 1024 * 1024  # the least a topic may set (Kafka 4's minimum)
+    configs = {"segment.bytes": str(segment), "max.message.bytes": str(2 * segment)}
     topic, p = new_topic(cluster, "seg", configs)
     with cluster.client(101) as c:
         # One batch: from Produce v3 a partition's records are exactly one batch, so
         # several small ones are INVALID_RECORD before the size is looked at (as in Kafka).
-        answer = c.produce(topic, {p: batch_of_size(2000)})[p]
+        answer = c.produce(topic, {p: batch_of_size(segment + 1)})[p]
         assert (answer.error_code, answer.base_offset) == (ErrorCode.RECORD_LIST_TOO_LARGE, -1)
         assert log_end(c, topic, p) == 0
-        assert c.produce(topic, {p: batch_of_size(1000)})[p].error_code == ErrorCode.NONE
+        assert c.produce(topic, {p: batch_of_size(segment)})[p].error_code == ErrorCode.NONE
 
 
 # -- timestamps ---------------------------------------------------------------------------------

@@ -412,7 +412,7 @@ def test_create_time_batches_stamped_over_an_hour_ahead_are_refused_by_default(
     log = open_log()
     log.append_as_leader(make_batch([b"ok"], timestamp_ms=now + hour), leader_epoch=0)
     log.append_as_leader(make_batch([b"old"], timestamp_ms=now - 100 * hour), leader_epoch=0)
-    with pytest.raises(InvalidTimestampError, match="after.max.ms"):
+    with pytest.raises(InvalidTimestampError, match=r"after\.max\.ms"):
         log.append_as_leader(make_batch([b"x"], timestamp_ms=now + hour + 1), leader_epoch=0)
     # The largest timestamp counts, not only the first record's (make_batch adds i ms).
     with pytest.raises(InvalidTimestampError):
@@ -427,7 +427,7 @@ def test_both_timestamp_bounds_are_inclusive(open_log: OpenLog, clock: FakeClock
     )
     log.append_as_leader(make_batch([b"a"], timestamp_ms=now - 1000), leader_epoch=0)
     log.append_as_leader(make_batch([b"b"], timestamp_ms=now), leader_epoch=0)
-    with pytest.raises(InvalidTimestampError, match="before.max.ms"):
+    with pytest.raises(InvalidTimestampError, match=r"before\.max\.ms"):
         log.append_as_leader(make_batch([b"c"], timestamp_ms=now - 1001), leader_epoch=0)
     with pytest.raises(InvalidTimestampError):
         log.append_as_leader(make_batch([b"d"], timestamp_ms=now + 1), leader_epoch=0)
