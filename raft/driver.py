@@ -12,6 +12,11 @@ while the previous Ready was being carried out is written together, in batches w
 and snapshots call the core under one lock, so the core sees one caller at a time and every
 Ready is complete before the next call, as the core assumes.
 Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
+Received messages wait in an inbox bounded by count (``MAX_INBOX_MESSAGES``) and by their
+estimated size in memory (``max_inbox_bytes``, ``envelope_bytes``); one that does not fit is
+dropped (Raft tolerates a lost message), counted, and logged at most every
+``DROP_LOG_INTERVAL_S``. An inbox holding nothing takes any message, so one larger than
+the bound is never refused for ever.
 """
 
 from __future__ import annotations
@@ -46,10 +51,31 @@ __all__ = [
     "RecordTooLarge",
     "StateMachine",
     "Transport",
+    "envelope_bytes",
 ]
 
 _log = logging.getLogger(__name__)
 APPLY_CHUNK_RECORDS = 2_000  # committed records applied before the Raft loop may run again
+MAX_INBOX_MESSAGES = 10_000  # received messages (and wake-ups) waiting for the loop
+DROP_LOG_INTERVAL_S = 10.0  # inbox drops are said at most this often, with a count
+# What a received message holds in memory besides its record or snapshot bytes, rounded up
+# from tracemalloc on decoded envelopes (Python 3.11): about 170-220 bytes for the envelope
+# and its payload, about 180 more for each batch.
+ENVELOPE_BASE_BYTES = 256
+BATCH_BASE_BYTES = 192
+
+
+def envelope_bytes(envelope: Envelope) -> int:
+    """An estimate of the memory ``envelope`` holds: its batches' or snapshot chunk's bytes
+    plus a fixed cost per object. Cheap (no encoding): a loop over a fetch answer's batches."""
+    payload = envelope.payload
+    if isinstance(payload, FetchResponse):
+        batches = payload.batches
+        data = sum([len(b.data) for b in batches])  # a list is quicker to sum than a generator
+        return ENVELOPE_BASE_BYTES + BATCH_BASE_BYTES * len(batches) + data
+    if isinstance(payload, FetchSnapshotResponse):
+        return ENVELOPE_BASE_BYTES + len(payload.chunk)
+    return ENVELOPE_BASE_BYTES
 
 
 class StateMachine(Protocol):
@@ -82,12 +108,16 @@ class RaftNodeConfig:
     snapshot_interval_bytes: int = 2**62  # ... or after this many bytes of applied records
     snapshot_interval_ms: int = 2**62  # ... or this long after the last one, if anything new
     max_pending_proposals: int = 10_000  # proposals awaiting commit before propose waits
+    # Received messages waiting for the loop, by ``envelope_bytes``; more are dropped. A node
+    # takes it from ``raft_transport.max_inbox_bytes``.
+    max_inbox_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in (
             "snapshot_interval_records",
             "snapshot_interval_bytes",
             "max_pending_proposals",
+            "max_inbox_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -112,7 +142,12 @@ class RaftNode:
         self._snapshots = SnapshotStore(directory / "snapshots")
         self._log = RaftLogStore(directory)
         # None: tick; an int: the transport says that node is unreachable
-        self._inbox: asyncio.Queue[Envelope | int | None] = asyncio.Queue(maxsize=10_000)
+        self._inbox: asyncio.Queue[Envelope | int | None] = asyncio.Queue(MAX_INBOX_MESSAGES)
+        self.inbox_bytes = 0  # envelope_bytes of the envelopes in the inbox
+        self.inbox_full_drops = 0  # received messages dropped: MAX_INBOX_MESSAGES reached
+        self.inbox_bytes_drops = 0  # ... and dropped: max_inbox_bytes would be exceeded
+        self._drop_log_next_s = float("-inf")
+        self._drops_unlogged = 0
         self._lock = asyncio.Lock()
         self._proposals: list[tuple[Sequence[bytes], asyncio.Future[int]]] = []  # not yet proposed
         self._pending: deque[tuple[int, asyncio.Future[int]]] = deque()  # by last offset
@@ -264,14 +299,37 @@ class RaftNode:
 
     # -- the loop --------------------------------------------------------------------------
     def _receive(self, envelope: Envelope) -> None:
+        size = envelope_bytes(envelope)
+        if self.inbox_bytes and self.inbox_bytes + size > self.config.max_inbox_bytes:
+            self.inbox_bytes_drops += 1
+            self._dropped(envelope, f"{self.inbox_bytes} of max_inbox_bytes")
+            return
         try:
             self._inbox.put_nowait(envelope)
         except asyncio.QueueFull:
-            _log.warning(
-                "raft %d: inbox full, dropping %s",
-                self.config.node_id,
-                type(envelope.payload).__name__,
-            )
+            self.inbox_full_drops += 1
+            self._dropped(envelope, f"{MAX_INBOX_MESSAGES} messages")
+            return
+        self.inbox_bytes += size
+
+    def _dropped(self, envelope: Envelope, why: str) -> None:
+        """Say an inbox drop, at most every ``DROP_LOG_INTERVAL_S`` with a count: a flood of
+        messages would otherwise flood the log too."""
+        now_s = time.monotonic()
+        if now_s < self._drop_log_next_s:
+            self._drops_unlogged += 1
+            return
+        _log.warning(
+            "raft %d: inbox full (%s), dropping %s from node %d (%d more dropped since the "
+            "last such line)",
+            self.config.node_id,
+            why,
+            type(envelope.payload).__name__,
+            envelope.source,
+            self._drops_unlogged,
+        )
+        self._drop_log_next_s = now_s + DROP_LOG_INTERVAL_S
+        self._drops_unlogged = 0
 
     def _peer_unreachable(self, node_id: int) -> None:
         with contextlib.suppress(asyncio.QueueFull):
@@ -296,6 +354,7 @@ class RaftNode:
                 elif isinstance(envelope, int):
                     ready = self._core.peer_unreachable(envelope, _now_ms())
                 else:
+                    self.inbox_bytes -= envelope_bytes(envelope)
                     ready = self._core.step(envelope, _now_ms())
                 await self._apply(ready)
                 if self._proposals:

@@ -9,7 +9,10 @@ Failure model (the one the core is written for; Kafka's NetworkChannel assumes t
 - **No response guarantee.** A request and its response are separate one-way messages; the
   transport does not pair them, retry, or time out "requests". The core does that with ticks.
 - **Bounded memory.** Each peer has a queue of at most ``max_pending_messages_per_peer``
-  messages; when it is full the *oldest* is dropped (Raft prefers fresh messages).
+  messages; when it is full the *oldest* is dropped (Raft prefers fresh messages). The
+  server runs at most ``max_concurrent_rpcs`` RPCs at once (Raft's and the services added to
+  it); one more is refused RESOURCE_EXHAUSTED, which every client of it retries (a Raft
+  message so refused is dropped like any other; the core resends).
 - **Duplicates** are possible in principle (a message may be resent by the core) and harmless.
 - **Hints, not facts.** The unreachable listener hears of a peer whose connection broke or
   was refused: evidence it is down, never proof (the core uses it only to campaign sooner).
@@ -25,6 +28,18 @@ peer went away) makes a new channel to it at once, at most every
 requests would otherwise be dropped until the backoff ended (a restarted broker's first
 metadata fetches waited 1 s for their answers so).
 
+Learned peers. A node that is not configured (a broker: a Raft observer) is answered at the
+``reply_to`` address its messages carry, so the server learns a peer from any message, and
+anyone who reaches the port could make it hold a channel, two tasks and a queue per source id
+it invents. So at most ``max_learned_peers`` are kept (``LearnedPeers``): a learned peer not
+heard from for ``learned_peer_max_idle_ms`` is forgotten (checked as messages arrive), and
+at the cap a new one makes the least recently heard one forgotten. Evicting rather than
+refusing: a flood of invented ids cannot lock out a broker that starts or moves later, and a
+live broker, heard from at every fetch (a few times a second), is the last to go and is
+learned again from its next message. The cap must exceed the number of brokers (each
+controller may learn every one). A configured peer is never forgotten. What is dropped is
+logged at most every ``LOG_INTERVAL_S`` per kind, with a count.
+
 ``LocalTransport`` connects nodes of one process through a ``LocalHub`` with the same model
 (asynchronous delivery, bounded queues, drops by rule) for tests of the driver.
 
@@ -36,8 +51,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Callable, Mapping
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -51,11 +67,14 @@ from raft.messages import Envelope
 from raft.wire import WireError, envelope_from_proto, envelope_to_proto
 
 __all__ = [
+    "LOG_INTERVAL_S",
     "RECONNECT_ON_RECEIVE_MIN_INTERVAL_S",
     "DropRule",
     "GrpcTransport",
+    "LearnedPeers",
     "LocalHub",
     "LocalTransport",
+    "LogThrottle",
     "PeerStats",
     "Receiver",
     "Transport",
@@ -110,6 +129,7 @@ class Transport(Protocol):
 
 # A failing peer's channel is made anew at most this often when it is heard from.
 RECONNECT_ON_RECEIVE_MIN_INTERVAL_S = 0.1
+LOG_INTERVAL_S = 10.0  # a line about drops that can repeat without end: at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +141,30 @@ class TransportConfig:
     max_message_bytes: int = required_message_bytes(8 * MIB)  # gRPC send and receive limit
     reconnect_backoff_max_ms: int = 1000  # a restarted peer is reached again within this
     close_grace_ms: int = 1000  # in-flight RPCs this node serves get this long on close
+    # Peers known only from the reply_to of their messages (brokers); at the cap the least
+    # recently heard is forgotten. About 15 KiB each while idle (a channel, two tasks).
+    max_learned_peers: int = 4096
+    # A learned peer not heard from this long is forgotten (Kafka closes a connection idle
+    # for connections.max.idle.ms, 10 minutes); a live broker fetches several times a second.
+    learned_peer_max_idle_ms: int = 600_000
+    # RPCs the server runs at once, Raft's and the controller API's together; one more is
+    # refused RESOURCE_EXHAUSTED. A broker holds at most about 3 (its metadata fetch, its
+    # heartbeat, its AlterPartition) plus the admin requests it forwards.
+    max_concurrent_rpcs: int = 10_000
+    # Received messages waiting for the Raft loop (raft/driver.py), by their estimated size;
+    # one that would go beyond is dropped. Legitimately about one fetch answer at a time.
+    max_inbox_bytes: int = 64 * MIB
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_inbox_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"max_inbox_bytes ({self.max_inbox_bytes}) must be at least "
+                f"max_message_bytes ({self.max_message_bytes}), or the largest message "
+                "could be dropped on arrival"
+            )
 
     def check_fits(self, largest_payload_bytes: int) -> None:
         """Raise ValueError unless the largest fetch or snapshot chunk fits in one message."""
@@ -144,6 +183,82 @@ class PeerStats:
     sent: int = 0  # acknowledged by the peer
     failed: int = 0  # RPC failed or timed out: the message was dropped
     dropped_queue_full: int = 0  # the oldest queued message was dropped for a new one
+
+
+class LearnedPeers:
+    """Which learned peers to keep (module doc): at most ``max_peers``, each forgotten once
+    not heard from for longer than ``max_idle_s`` (looked for at most every tenth of that,
+    up to a second: ``heard`` and ``expired`` run for every message received); at the cap
+    the least recently heard one makes room. Pure bookkeeping: the caller passes the time
+    (seconds, any monotonic origin) and drops what it is told to."""
+
+    def __init__(self, max_peers: int, max_idle_s: float) -> None:
+        if max_peers < 1 or max_idle_s <= 0:
+            raise ValueError(f"need max_peers >= 1 and max_idle_s > 0: {max_peers}, {max_idle_s}")
+        self.max_peers = max_peers
+        self.max_idle_s = max_idle_s
+        self._heard: OrderedDict[int, float] = OrderedDict()  # least recently heard first
+        self._check_every_s = min(1.0, max_idle_s / 10)
+        self._next_check_s = float("-inf")
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._heard
+
+    def __len__(self) -> int:
+        return len(self._heard)
+
+    def add(self, node_id: int, now_s: float) -> list[int]:
+        """Learn ``node_id`` (heard from now); return the peers to forget to make room."""
+        evicted = []
+        self._heard.pop(node_id, None)
+        while len(self._heard) >= self.max_peers:
+            evicted.append(self._heard.popitem(last=False)[0])
+        self._heard[node_id] = now_s
+        return evicted
+
+    def heard(self, node_id: int, now_s: float) -> None:
+        """A message from ``node_id`` arrived; nothing happens unless it is learned."""
+        if node_id in self._heard:
+            self._heard[node_id] = now_s
+            self._heard.move_to_end(node_id)
+
+    def expired(self, now_s: float) -> Sequence[int]:
+        """Forget and return the peers not heard from for longer than ``max_idle_s``."""
+        if now_s < self._next_check_s:
+            return ()
+        self._next_check_s = now_s + self._check_every_s
+        expired = []
+        for node_id, heard_s in self._heard.items():  # least recently heard first
+            if now_s - heard_s <= self.max_idle_s:
+                break
+            expired.append(node_id)
+        for node_id in expired:
+            del self._heard[node_id]
+        return expired
+
+
+class LogThrottle:
+    """At most one log line per ``interval_s`` for an event that can repeat without end (a
+    flood): the first is said at once; later ones are counted and the count is said with the
+    next line. Pure: the caller passes the time."""
+
+    def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._next_s = float("-inf")
+        self._quiet = 0
+
+    def ready(self, now_s: float) -> int | None:
+        """None: keep quiet (counted); else log now, and this many were kept quiet before."""
+        if now_s < self._next_s:
+            self._quiet += 1
+            return None
+        quiet, self._quiet = self._quiet, 0
+        self._next_s = now_s + self.interval_s
+        return quiet
+
+
+def _more(quiet: int) -> str:
+    return f" ({quiet} more since the last such line)" if quiet else ""
 
 
 class _State(Enum):
@@ -186,7 +301,8 @@ class GrpcTransport:
 
     ``listen_address`` is ``host:port``; port 0 picks a free port, readable as ``port`` (and
     ``address``) after ``start``. ``peers`` maps node ids to ``host:port``; more can be added
-    with ``add_peer`` (e.g. observers, which are not in the voter list). A message whose
+    with ``add_peer`` (e.g. observers, which are not in the voter list), and are kept like
+    them; the peers learned from messages are bounded (module doc). A message whose
     destination has no address is dropped. Messages sent before ``start`` wait in the queue.
     """
 
@@ -209,7 +325,12 @@ class GrpcTransport:
         self._state = _State.NEW
         self.port: int | None = None
         self.unknown_destination_drops = 0
-        self._learned: set[int] = set()  # peers known only from reply_to
+        self.forgotten_learned_peers = 0  # idle, or made room for another at the cap
+        self._learned = LearnedPeers(  # peers known only from reply_to
+            self.config.max_learned_peers, self.config.learned_peer_max_idle_ms / 1000
+        )
+        kinds = ("learned", "evicted", "idle", "unknown", "misrouted", "learned-peer")
+        self._logs = {kind: LogThrottle() for kind in kinds}
         self._closing: set[asyncio.Task[None]] = set()  # channels of replaced peers, closing
         self._reply_to = ""
         self._services: list[Callable[[grpc.aio.Server], None]] = []
@@ -230,23 +351,44 @@ class GrpcTransport:
     def stats(self, peer_id: int) -> PeerStats:
         return self._peers[peer_id].stats
 
+    @property
+    def peer_count(self) -> int:
+        """Peers this node holds a queue and a channel for, configured and learned."""
+        return len(self._peers)
+
+    @property
+    def learned_peer_count(self) -> int:
+        return len(self._learned)
+
     def learn_peer(self, node_id: int, address: str) -> None:
         """An address a message came with (``reply_to``): used for a node not configured
         with ``peers`` (an observer), and replaced when that node comes back elsewhere.
-        A configured peer's address is never changed by what a message says."""
+        A configured peer's address is never changed by what a message says. At the cap the
+        least recently heard learned peer is forgotten to make room (module doc)."""
         known = self._peers.get(node_id)
         if known is not None and (known.address == address or node_id not in self._learned):
             return
         if known is not None:
             self._drop_peer(known)
-        self._learned.add(node_id)
-        log.info("node %d: node %d replies at %s", self.node_id, node_id, address)
+        now_s = time.monotonic()
+        for evicted in self._learned.add(node_id, now_s):
+            self._forget(evicted, "evicted", now_s)
+        quiet = self._logs["learned"].ready(now_s)
+        if quiet is not None:
+            log.info(
+                "node %d: node %d replies at %s%s", self.node_id, node_id, address, _more(quiet)
+            )
         self.add_peer(node_id, address)
 
     def heard_from(self, node_id: int) -> None:
-        """A message from ``node_id`` arrived, so it is up: if our channel to it is failing,
-        make a new one now rather than wait out gRPC's reconnect backoff (module doc). The
-        queued messages stay; one being sent on the old channel may be lost."""
+        """A message from ``node_id`` arrived, so it is up: it is the last learned peer to be
+        forgotten, and learned peers idle too long are forgotten now. If our channel to it is
+        failing, make a new one now rather than wait out gRPC's reconnect backoff (module
+        doc). The queued messages stay; one being sent on the old channel may be lost."""
+        now_s = time.monotonic()
+        self._learned.heard(node_id, now_s)
+        for idle in self._learned.expired(now_s):
+            self._forget(idle, "idle", now_s)
         peer = self._peers.get(node_id)
         if peer is None or not peer.failing or self._state is not _State.STARTED:
             return
@@ -256,7 +398,7 @@ class GrpcTransport:
             RECONNECT_ON_RECEIVE_MIN_INTERVAL_S
         ):
             return
-        log.info("node %d: heard from node %d: connecting to it again", self.node_id, node_id)
+        self._say(peer, logging.INFO, "heard from node %d: connecting to it again", node_id)
         for task in peer.tasks:
             task.cancel()
         if peer.channel is not None:
@@ -267,6 +409,36 @@ class GrpcTransport:
         closing = asyncio.get_running_loop().create_task(channel.close(None))
         self._closing.add(closing)  # referenced until done
         closing.add_done_callback(self._closing.discard)
+
+    def _forget(self, node_id: int, why: str, now_s: float) -> None:
+        """Drop a learned peer that ``LearnedPeers`` let go, saying so (throttled)."""
+        peer = self._peers.get(node_id)
+        if peer is None:
+            return
+        self._drop_peer(peer)
+        self.forgotten_learned_peers += 1
+        quiet = self._logs[why].ready(now_s)
+        if quiet is None:
+            return
+        if why == "evicted":
+            log.warning(
+                "node %d: forgot node %d at %s to learn another (max_learned_peers=%d reached: "
+                "messages from unknown ids, or more brokers than that)%s",
+                self.node_id,
+                node_id,
+                peer.address,
+                self._learned.max_peers,
+                _more(quiet),
+            )
+        else:
+            log.info(
+                "node %d: forgot node %d at %s: not heard from for %.0f s%s",
+                self.node_id,
+                node_id,
+                peer.address,
+                self._learned.max_idle_s,
+                _more(quiet),
+            )
 
     def _drop_peer(self, peer: _Peer) -> None:
         del self._peers[peer.node_id]
@@ -304,7 +476,10 @@ class GrpcTransport:
     async def start(self) -> None:
         if self._state is not _State.NEW:
             raise RuntimeError(f"transport of node {self.node_id} is already {self._state.value}")
-        server = grpc.aio.server(options=self._server_options())
+        server = grpc.aio.server(
+            options=self._server_options(),
+            maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,
+        )
         raft_pb2_grpc.add_RaftServiceServicer_to_server(_Servicer(self), server)
         for register in self._services:
             register(server)
@@ -332,17 +507,16 @@ class GrpcTransport:
         peer = self._peers.get(envelope.destination)
         if peer is None:
             self.unknown_destination_drops += 1
-            log.warning("node %d: no address for %s", self.node_id, _describe(envelope))
+            quiet = self._logs["unknown"].ready(time.monotonic())
+            if quiet is not None:
+                log.warning(
+                    "node %d: no address for %s%s", self.node_id, _describe(envelope), _more(quiet)
+                )
             return
         if peer.offer(envelope_to_proto(envelope)):
             level = logging.DEBUG if peer.failing or peer.overflowing else logging.WARNING
             peer.overflowing = True
-            log.log(
-                level,
-                "node %d: queue to node %d full: dropped the oldest",
-                self.node_id,
-                peer.node_id,
-            )
+            self._say(peer, level, "queue to node %d full: dropped the oldest", peer.node_id)
 
     async def close(self) -> None:
         """Stop sending (queued messages are dropped) and serving; idempotent. Re-raises a
@@ -392,7 +566,9 @@ class GrpcTransport:
                 await send(message, timeout=timeout_s)
             except grpc.aio.AioRpcError as e:
                 peer.stats.failed += 1
-                peer.failed_s = asyncio.get_running_loop().time()
+                if e.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # The peer is busy, not gone: its channel is fine (``heard_from``).
+                    peer.failed_s = asyncio.get_running_loop().time()
                 self._note_failure(peer, e)
                 if e.code() is grpc.StatusCode.UNAVAILABLE:
                     self._report_unreachable(peer)
@@ -401,7 +577,7 @@ class GrpcTransport:
                 peer.overflowing = False
                 if peer.failing:
                     peer.failing = False
-                    log.info("node %d: node %d is reachable again", self.node_id, peer.node_id)
+                    self._say(peer, logging.INFO, "node %d is reachable again", peer.node_id)
 
     async def _watch(self, peer: _Peer, channel: grpc.aio.Channel) -> None:
         """Report a peer whose established connection dropped: a killed process closes its
@@ -412,7 +588,7 @@ class GrpcTransport:
             await channel.wait_for_state_change(state)
             previous, state = state, channel.get_state(try_to_connect=False)
             if previous is ready and state is not ready:
-                log.info("node %d: connection to node %d dropped", self.node_id, peer.node_id)
+                self._say(peer, logging.INFO, "connection to node %d dropped", peer.node_id)
                 self._report_unreachable(peer)
 
     def _report_unreachable(self, peer: _Peer) -> None:
@@ -422,15 +598,33 @@ class GrpcTransport:
     def _note_failure(self, peer: _Peer, error: grpc.aio.AioRpcError) -> None:
         level = logging.DEBUG if peer.failing else logging.WARNING
         peer.failing = True
-        log.log(
+        self._say(
+            peer,
             level,
-            "node %d: send to node %d at %s failed (%s: %s); dropping messages until it answers",
-            self.node_id,
+            "send to node %d at %s failed (%s: %s); dropping messages until it answers",
             peer.node_id,
             peer.address,
             error.code().name,
             error.details(),
         )
+
+    def _say(self, peer: _Peer, level: int, message: str, *args: object) -> None:
+        """Log ``message`` about ``peer`` as this node; about a learned peer at most every
+        ``LOG_INTERVAL_S`` (anyone can make learned peers, and their trouble repeats)."""
+        if level >= logging.INFO and peer.node_id in self._learned:
+            quiet = self._logs["learned-peer"].ready(time.monotonic())
+            if quiet is None:
+                return
+            message += _more(quiet)
+        log.log(level, "node %d: " + message, self.node_id, *args)
+
+    def _misrouted(self, destination: int) -> None:
+        """A message for another node: a peer's address list is wrong (or a stranger's)."""
+        quiet = self._logs["misrouted"].ready(time.monotonic())
+        if quiet is not None:
+            log.warning(
+                "node %d: got a message for node %d%s", self.node_id, destination, _more(quiet)
+            )
 
     def _deliver(self, envelope: Envelope) -> None:
         if self._state is not _State.STARTED or self._receiver is None:
@@ -473,7 +667,7 @@ class _Servicer(raft_pb2_grpc.RaftServiceServicer):
         node_id = self._transport.node_id
         if envelope.destination != node_id:
             # A peer's address list is wrong; delivering would confuse the core.
-            log.warning("node %d: got a message for node %d", node_id, envelope.destination)
+            self._transport._misrouted(envelope.destination)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this is node {node_id}, not node {envelope.destination}",

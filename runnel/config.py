@@ -14,10 +14,11 @@ dataclasses of the layers they configure, so their own validation runs:
 
 ``NodeConfig`` then checks what ties settings together (listeners, voters, on a combined node
 the heartbeat against its controller's session timeout, on a broker the request size against
-the message size, the transport's message size against Raft's batches; ``ControllerConfig``
-its own: the default partition count against the topic and cluster limits, the smallest
-snapshot interval). Every problem found is collected, naming its key and where the value came
-from, and raised as one ``ConfigError``.
+the message size, the transport's message size against Raft's batches and its learned peers'
+idle expiry against Raft's fetch timeout; ``ControllerConfig`` its own: the default
+partition count against the topic and cluster limits, the smallest snapshot interval). Every
+problem found is collected, naming its key and where the value came from, and raised as one
+``ConfigError``.
 The generic machinery (sources, coercion, rendering) is ``runnel/config_parse.py``; a complete
 example with every key is ``config/example.toml``.
 
@@ -469,6 +470,14 @@ def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
     except ValueError as e:
         keys = ("raft.fetch_max_bytes", "raft.max_batch_bytes", "raft.snapshot_chunk_bytes")
         yield _finding(str(e), "raft_transport.max_message_bytes", *keys)
+    idle_ms, fetch_timeout_ms = c.raft_transport.learned_peer_max_idle_ms, c.raft.fetch_timeout_ms
+    if idle_ms <= fetch_timeout_ms:
+        message = (
+            f"learned_peer_max_idle_ms ({idle_ms}) must exceed raft.fetch_timeout_ms "
+            f"({fetch_timeout_ms}), or the leader may forget a live broker between its fetches "
+            "and drop the answers"
+        )
+        yield _finding(message, "raft_transport.learned_peer_max_idle_ms", "raft.fetch_timeout_ms")
 
 
 def _heartbeat_findings(c: NodeConfig) -> Iterator[Finding]:

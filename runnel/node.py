@@ -118,6 +118,7 @@ class RunnelNode:
             snapshot_interval_records=NEVER,
             snapshot_interval_bytes=config.controller.metadata_snapshot_bytes,
             snapshot_interval_ms=config.controller.metadata_snapshot_interval_ms,
+            max_inbox_bytes=config.raft_transport.max_inbox_bytes,
         )
         return RaftNode(raft_config, self.transport, self.machine)
 

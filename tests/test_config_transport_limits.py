@@ -1,0 +1,63 @@
+"""The Raft transport's resource limits in the node config: loaded from ``[raft_transport]``,
+checked against each other and against Raft's timeouts, and handed to the parts that
+enforce them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from support import write_combined_node_config
+
+from runnel.config import ConfigError, load_config
+from runnel.node import RunnelNode
+
+
+def problems(path: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env)
+    return [(p.key, p.message) for p in caught.value.problems]
+
+
+def test_the_limits_load_from_the_environment(tmp_path: Path) -> None:
+    path, _ = write_combined_node_config(tmp_path)
+    env = {
+        "RUNNEL_RAFT_TRANSPORT__MAX_LEARNED_PEERS": "100",
+        "RUNNEL_RAFT_TRANSPORT__LEARNED_PEER_MAX_IDLE_MS": "60000",
+        "RUNNEL_RAFT_TRANSPORT__MAX_CONCURRENT_RPCS": "500",
+        "RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "33554432",
+    }
+    transport = load_config(path, env).raft_transport
+    assert (transport.max_learned_peers, transport.learned_peer_max_idle_ms) == (100, 60_000)
+    assert (transport.max_concurrent_rpcs, transport.max_inbox_bytes) == (500, 32 * 1024 * 1024)
+
+
+def test_a_learned_peer_must_outlive_raft_s_fetch_timeout(tmp_path: Path) -> None:
+    path, _ = write_combined_node_config(tmp_path)  # fast Raft: fetch_timeout_ms = 600
+    found = problems(path, {"RUNNEL_RAFT_TRANSPORT__LEARNED_PEER_MAX_IDLE_MS": "600"})
+    assert [key for key, _ in found] == ["raft_transport.learned_peer_max_idle_ms"]
+    assert "must exceed raft.fetch_timeout_ms (600)" in found[0][1]
+    load_config(path, {"RUNNEL_RAFT_TRANSPORT__LEARNED_PEER_MAX_IDLE_MS": "601"})
+
+
+def test_the_inbox_must_hold_the_largest_message(tmp_path: Path) -> None:
+    path, _ = write_combined_node_config(tmp_path)
+    found = problems(path, {"RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "1048576"})
+    assert [key for key, _ in found] == ["raft_transport.max_inbox_bytes"]
+    assert "must be at least max_message_bytes" in found[0][1]
+
+
+def test_a_node_gives_its_raft_node_the_inbox_bound(tmp_path: Path) -> None:
+    path, _ = write_combined_node_config(tmp_path)
+    config = load_config(path, {"RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "33554432"})
+
+    async def main() -> None:
+        node = RunnelNode(config)
+        try:
+            assert node.raft.config.max_inbox_bytes == 32 * 1024 * 1024
+            assert node.transport.config is config.raft_transport
+        finally:
+            await node.stop()
+
+    asyncio.run(main())
