@@ -52,8 +52,10 @@ entry, else the default (``log_defaults``), split at commas, gains the values no
 loses the given ones, and the result is checked as a SET. On any other config they are
 INVALID_CONFIG.
 
-Broker configs (resource name "" for the cluster-wide default, or a broker id): the broker-wide
-defaults of some topic configs, under Kafka's broker names:
+Broker configs (resource name "" for the cluster-wide default, or a broker id, read as Kafka
+reads it, with Java's Integer.parseInt: "0101" is broker 101, and its entries are kept under
+"101", the name brokers read; Kafka keeps them under "0101", where no broker reads them): the
+broker-wide defaults of some topic configs, under Kafka's broker names:
 
     log.cleanup.policy, log.flush.interval.messages, log.flush.interval.ms,
     log.message.timestamp.after.max.ms, log.message.timestamp.before.max.ms,
@@ -63,6 +65,10 @@ defaults of some topic configs, under Kafka's broker names:
 The controller's elections read ``unclean.leader.election.enable`` of the topic, else of the
 cluster-wide resource "" (a broker id's value is not used by elections: no broker elects),
 else the controller's static setting (controller/elections.py, ``unclean_allowed``).
+
+Each topic config has Kafka's type (``ConfigType``, from its LogConfig definition; a broker
+config has its topic config's) and a sentence on what it does in runnel (``config_doc``), for
+DescribeConfigs.
 
 Every decision here is pure: the image and the request in, an ``Outcome`` (records and
 answer) out, or ``DecisionError`` for a request refused as a whole (controller/outcome.py).
@@ -75,6 +81,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from enum import IntEnum
 from itertools import chain
 from typing import Any, cast
 
@@ -87,10 +94,15 @@ from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
 from storage.batch import TimestampType
 from storage.config import LogConfig
+from storage.errors import invariant
 
 __all__ = [
     "BROKER_CONFIGS",
+    "ConfigType",
     "broker_entries_as_topic",
+    "broker_id_of",
+    "config_doc",
+    "config_type",
     "PRODUCER_ID_BLOCK_SIZE",
     "TOPIC_CONFIGS",
     "allocate_producer_ids",
@@ -107,6 +119,7 @@ PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's block size
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 _INTEGER = re.compile(r"-?[0-9]+")
+_JAVA_INT = re.compile(r"([+-]?)0*(\d*)")  # Java's Integer.parseInt (Character.digit: any Nd)
 _DECIMAL = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?")  # unambiguous
 _MAX_VALUE_CHARS = 1000
 _TIMESTAMP_TYPES = {
@@ -305,20 +318,148 @@ TOPIC_CONFIGS: Mapping[str, _Setting] = {
     "unclean.leader.election.enable": _Setting(None, _boolean),
     **_FIXED,
 }
+
+
+class ConfigType(IntEnum):
+    """Kafka's DescribeConfigsResponse.ConfigType ids: the type of a config's definition."""
+
+    UNKNOWN = 0
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+    CLASS = 8
+    PASSWORD = 9
+
+
+_B, _S, _I, _L, _D, _LIST = (
+    ConfigType.BOOLEAN, ConfigType.STRING, ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE,
+    ConfigType.LIST,
+)  # fmt: skip
+# Each topic config's type, as Kafka's LogConfig defines it, and what it does in runnel (the
+# configs runnel does not implement say so from their ``why``: ``config_doc``).
+_DESCRIBED: Mapping[str, tuple[ConfigType, str]] = {
+    "cleanup.policy": (
+        _LIST,
+        "What happens to old records: delete drops whole segments past retention.ms or "
+        "retention.bytes; compact keeps the latest record of each key; or both.",
+    ),
+    "compression.gzip.level": (_I, ""),
+    "compression.lz4.level": (_I, ""),
+    "compression.type": (_S, ""),
+    "compression.zstd.level": (_I, ""),
+    "delete.retention.ms": (
+        _L,
+        "How long compaction keeps a key's tombstone (a record with a null value) once its "
+        "segment is cleaned, so that consumers behind can still see the delete.",
+    ),
+    "file.delete.delay.ms": (_L, ""),
+    "flush.messages": (
+        _L,
+        "Records a partition appends between fsyncs of its log; 9223372036854775807: never "
+        "(the operating system writes the pages back).",
+    ),
+    "flush.ms": (
+        _L,
+        "Milliseconds after a partition's last fsync that it syncs what it appended since; "
+        "9223372036854775807: never.",
+    ),
+    "follower.replication.throttled.replicas": (_LIST, ""),
+    "index.interval.bytes": (
+        _I,
+        "Bytes of batches between two entries of a segment's offset and time indexes.",
+    ),
+    "leader.replication.throttled.replicas": (_LIST, ""),
+    "local.retention.bytes": (_L, ""),
+    "local.retention.ms": (_L, ""),
+    "max.compaction.lag.ms": (_L, ""),
+    "max.message.bytes": (
+        _I,
+        "The largest record batch, as the producer sent it (compressed), that a leader "
+        "appends; a larger one is answered MESSAGE_TOO_LARGE.",
+    ),
+    "message.timestamp.after.max.ms": (
+        _L,
+        "How far past the leader's clock a CreateTime batch's first and largest timestamps may "
+        "be; beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
+    ),
+    "message.timestamp.before.max.ms": (
+        _L,
+        "How far before the leader's clock a CreateTime batch's first and largest timestamps "
+        "may be; beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
+    ),
+    "message.timestamp.type": (
+        _S,
+        "CreateTime keeps the timestamps the producer set; LogAppendTime stamps every batch "
+        "with the leader's clock as it appends it.",
+    ),
+    "min.cleanable.dirty.ratio": (
+        _D,
+        "A compacted log is cleaned once this share of it (by bytes) has not been cleaned yet.",
+    ),
+    "min.compaction.lag.ms": (
+        _L,
+        "The least time a record stays in the log as written before compaction may remove it.",
+    ),
+    "min.insync.replicas": (
+        _I,
+        "The fewest in-sync replicas an acks=-1 write needs; with fewer, the leader refuses it "
+        "(NOT_ENOUGH_REPLICAS).",
+    ),
+    "preallocate": (_B, ""),
+    "remote.log.copy.disable": (_B, ""),
+    "remote.log.delete.on.disable": (_B, ""),
+    "remote.storage.enable": (_B, ""),
+    "retention.bytes": (
+        _L,
+        "The most bytes a partition keeps under the delete policy: its oldest segments go "
+        "first. -1: no limit.",
+    ),
+    "retention.ms": (
+        _L,
+        "How long a partition keeps a segment under the delete policy, counted from the "
+        "segment's largest timestamp. -1: forever.",
+    ),
+    "segment.bytes": (_I, "The size at which a partition starts a new segment file."),
+    "segment.index.bytes": (
+        _I,
+        "The most bytes each of a segment's offset and time indexes may take; a full index "
+        "starts a new segment.",
+    ),
+    "segment.jitter.ms": (
+        _L,
+        "Up to this much, drawn at random, is taken off segment.ms for each segment, so that "
+        "partitions do not all start new segments at once.",
+    ),
+    "segment.ms": (
+        _L,
+        "The age at which a partition starts a new segment even if the current one is not "
+        "full, so that retention and compaction can act on it.",
+    ),
+    "unclean.leader.election.enable": (
+        _B,
+        "Whether the controller may elect a replica outside the ISR when no ISR replica is "
+        "alive: the partition comes back, but records committed only on the ISR are lost.",
+    ),
+}
 # The configs whose type is LIST in Kafka: APPEND and SUBTRACT work on these alone.
-_LISTS = frozenset(
-    {
-        "cleanup.policy",
-        "follower.replication.throttled.replicas",
-        "leader.replication.throttled.replicas",
-    }
-)
+_LISTS = frozenset(n for n, (kind, _) in _DESCRIBED.items() if kind == ConfigType.LIST)
 APPEND, SUBTRACT = cpb.APPEND, cpb.SUBTRACT  # Kafka's OpType ids 2 and 3
 _OP_NAMES = {APPEND: "APPEND", SUBTRACT: "SUBTRACT"}
 # The values of the settings that are not the log's when nothing sets them (Kafka's).
 _NOT_LOG_DEFAULTS = {"min.insync.replicas": "1", "unclean.leader.election.enable": "false"}
 
-# Broker name -> the topic config it is the default of.
+invariant(_DESCRIBED.keys() == TOPIC_CONFIGS.keys(), "a topic config without a type")
+invariant(
+    all(bool(doc) == (TOPIC_CONFIGS[n].only is None) for n, (_, doc) in _DESCRIBED.items()),
+    "an implemented topic config without documentation, or a fixed one with its own",
+)
+
+# Broker name -> the topic config it is the default of (Kafka's ServerTopicConfigSynonyms; the
+# broker config's type in Kafka's KafkaConfig is its topic config's type).
 BROKER_CONFIGS: Mapping[str, str] = {
     "log.cleanup.policy": "cleanup.policy",
     "log.flush.interval.messages": "flush.messages",
@@ -425,6 +566,38 @@ def _setting(name: str, kind: ConfigResourceType) -> _Setting:
     return TOPIC_CONFIGS[BROKER_CONFIGS[name]]
 
 
+def config_type(name: str, kind: ConfigResourceType) -> ConfigType:
+    """The type of a known topic or broker config (a broker config's is its topic config's)."""
+    return _DESCRIBED[name if kind == TOPIC else BROKER_CONFIGS[name]][0]
+
+
+def config_doc(name: str, kind: ConfigResourceType) -> str:
+    """What a known topic or broker config does in runnel, in a sentence or two."""
+    topic_name = name if kind == TOPIC else BROKER_CONFIGS[name]
+    setting = TOPIC_CONFIGS[topic_name]
+    doc = _DESCRIBED[topic_name][1]
+    if setting.only is not None:
+        doc = f"Not implemented: {setting.why}. Only {setting.only or repr('')} is accepted."
+    if kind == TOPIC:
+        return doc
+    if topic_name == "unclean.leader.election.enable":
+        doc += ' The controller reads the cluster-wide value (resource ""), not a broker\'s.'
+    return f"The default of topic config {topic_name} for the topics that do not set it. {doc}"
+
+
+def broker_id_of(name: str) -> int | None:
+    """The broker id a BROKER resource name gives, read as Kafka reads it on the broker and on
+    the controller (Java's Integer.parseInt: an optional sign, then decimal digits, any
+    Unicode ones, within 32 bits; so "0101" and "+101" are 101), or None if it gives none.
+    Leading zeros other than ASCII ones count as digits here (Java skips them too): eleven or
+    more digits are refused unread. Entries are kept under ``str(id)``, the name brokers read."""
+    match = _JAVA_INT.fullmatch(name)
+    if match is None or match[0] in ("", "+", "-") or len(match[2]) > 10:
+        return None
+    value = int(match[1] + (match[2] or "0"))
+    return value if -(2**31) <= value < 2**31 else None
+
+
 def canonical_value(name: str, text: str, kind: ConfigResourceType) -> str:
     """The text the controller commits for ``text``; DecisionError if it would refuse it."""
     return _canonical_value(name, text, kind)
@@ -492,10 +665,11 @@ def incremental_alter_configs(
     resource by resource.
 
     A resource's changes apply all or not at all; its result names the first problem. A
-    resource named twice is refused both times (INVALID_REQUEST). Only entries whose value
-    changes become records (a delete is a ``ConfigRecord`` without a value)."""
+    resource named twice is refused both times (INVALID_REQUEST); "0101" and "101" name the
+    same broker, whose entries are kept under "101" (``broker_id_of``). Only entries whose
+    value changes become records (a delete is a ``ConfigRecord`` without a value)."""
     defaults = log_defaults or LogConfig()
-    keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
+    keys = Counter((r.resource_type, _stored_name(r)) for r in request.resources)
     records: list[MetadataRecord] = []
     response = cpb.IncrementalAlterConfigsResponse()
     for resource in request.resources:
@@ -503,7 +677,7 @@ def incremental_alter_configs(
             resource_type=resource.resource_type, resource_name=resource.resource_name
         )
         try:
-            if keys[(resource.resource_type, resource.resource_name)] > 1:
+            if keys[(resource.resource_type, _stored_name(resource))] > 1:
                 raise DecisionError(cpb.INVALID_REQUEST, "the resource is named twice")
             changes = _alter_resource(image, resource, defaults)
         except DecisionError as e:
@@ -517,8 +691,9 @@ def _alter_resource(
     image: MetadataImage, resource: cpb.AlterConfigsResource, log_defaults: LogConfig
 ) -> list[MetadataRecord]:
     kind = _resource_kind(image, resource)
+    stored = _stored_name(resource)
     _refuse_repeats((c.name for c in resource.configs), "config")
-    current = image.configs.get((kind, resource.resource_name), {})
+    current = image.configs.get((kind, stored), {})
     entries = dict(current)
     for change in resource.configs:
         if change.op == cpb.SET:
@@ -537,7 +712,7 @@ def _alter_resource(
         _broker_log_check(entries, log_defaults)
     names = sorted(set(current) | set(entries))
     return [
-        rec.config(kind, resource.resource_name, name, entries.get(name))
+        rec.config(kind, stored, name, entries.get(name))
         for name in names
         if current.get(name) != entries.get(name)
     ]
@@ -569,6 +744,14 @@ def _list_change(
     return _canonical_value(change.name, ",".join(items), kind)
 
 
+def _stored_name(resource: cpb.AlterConfigsResource) -> str:
+    """The name a resource's entries are kept under: a broker id as ``str(id)``."""
+    name = resource.resource_name
+    if resource.resource_type == int(BROKER) and (broker_id := broker_id_of(name)) is not None:
+        return str(broker_id)
+    return name
+
+
 def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> ConfigResourceType:
     name = resource.resource_name
     if resource.resource_type == int(TOPIC):
@@ -576,11 +759,13 @@ def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> 
             raise DecisionError(cpb.UNKNOWN_TOPIC_OR_PARTITION, f"no topic named {name!r}")
         return TOPIC
     if resource.resource_type == int(BROKER):
-        if name and not (name.isdigit() and name.isascii() and str(int(name)) == name):
+        broker_id = broker_id_of(name) if name else 0
+        if broker_id is None:  # Kafka's ControllerConfigurationValidator.validateBrokerName
             raise DecisionError(
-                cpb.INVALID_REQUEST,
-                f"broker resource {name!r} is neither '' (the cluster default) nor a broker id",
+                cpb.INVALID_REQUEST, "Unable to parse broker name as a base 10 number."
             )
+        if broker_id < 0:
+            raise DecisionError(cpb.INVALID_REQUEST, "Invalid negative broker ID.")
         return BROKER
     raise DecisionError(
         cpb.INVALID_REQUEST, f"resource type {resource.resource_type} is not TOPIC or BROKER"

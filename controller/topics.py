@@ -11,7 +11,11 @@ answered as if carried out, and no records are returned.
 
 A name given more than once in one request (any of the three) is answered once, at its first
 place, with INVALID_REQUEST "Duplicate topic name." and none of its occurrences is carried
-out, as Kafka's ControllerApis answers it.
+out, as Kafka's ControllerApis answers it. A CreateTopics of ``__cluster_metadata`` (the
+metadata log's name, ``METADATA_TOPIC``) given once is INVALID_REQUEST "Creation of internal
+topic __cluster_metadata is prohibited." and takes no further part in the request (it counts
+for no partitions, collides with no name), as Kafka's ControllerApis.createTopics takes it out
+first; to every other request the name is legal and no topic has it.
 
 CreateTopics first refuses the request as a whole (``DecisionError``, POLICY_VIOLATION
 "Excessively large number of partitions per request.") when its names given once ask for more
@@ -70,6 +74,8 @@ from storage.errors import invariant
 __all__ = [
     "DUPLICATE_NAME",
     "MAX_TOPIC_NAME_CHARS",
+    "METADATA_TOPIC",
+    "METADATA_TOPIC_PROHIBITED",
     "TOO_MANY_PARTITIONS",
     "Load",
     "TopicDefaults",
@@ -132,12 +138,15 @@ class TopicLimits:
 # -- shared helpers ----------------------------------------------------------------------------
 
 
-# The metadata log's directory is <data dir>/__cluster_metadata-0, beside partition logs.
-RESERVED_TOPIC_NAMES = frozenset({"__cluster_metadata"})
+# The metadata log's name (Kafka's Topic.CLUSTER_METADATA_TOPIC_NAME): its directory is
+# <data dir>/__cluster_metadata-0, beside partition logs. A legal name no topic may take.
+METADATA_TOPIC = "__cluster_metadata"
+METADATA_TOPIC_PROHIBITED = f"Creation of internal topic {METADATA_TOPIC} is prohibited."
 
 
 def check_topic_name(name: str) -> None:
-    """Kafka's topic name rules; ``DecisionError`` (INVALID_TOPIC_EXCEPTION) if broken."""
+    """Kafka's topic name rules (Topic.validate); ``DecisionError`` (INVALID_TOPIC_EXCEPTION)
+    if broken. ``METADATA_TOPIC`` keeps them: only CreateTopics refuses it (module doc)."""
     if not name:
         raise DecisionError(cpb.INVALID_TOPIC_EXCEPTION, "a topic name cannot be empty")
     if name in (".", ".."):
@@ -153,10 +162,6 @@ def check_topic_name(name: str) -> None:
             cpb.INVALID_TOPIC_EXCEPTION,
             f"topic name {name!r} has a character other than ASCII letters, digits, "
             "'.', '_' and '-'",
-        )
-    if name in RESERVED_TOPIC_NAMES:
-        raise DecisionError(
-            cpb.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} is reserved for the metadata log"
         )
 
 
@@ -289,7 +294,7 @@ def create_topics(
     against. ``DecisionError`` if the request asks too many partitions in all
     (TOO_MANY_PARTITIONS), or if ``new_topic_id`` keeps drawing ids already taken."""
     twice = repeated(t.name for t in request.topics)
-    once = [t for t in request.topics if t.name not in twice]
+    once = [t for t in request.topics if t.name not in twice and t.name != METADATA_TOPIC]
     _check_request_partitions(once, defaults, limits)
     keys = Counter(_collision_key(t.name) for t in once)
     capacity = _Capacity(image, load, placement_start, limits)
@@ -302,6 +307,10 @@ def create_topics(
             if topic.name not in answered:
                 answered.add(topic.name)
                 response.topics.append(_refused_topic(topic.name, _duplicate()))
+            continue
+        if topic.name == METADATA_TOPIC:
+            refused = DecisionError(cpb.INVALID_REQUEST, METADATA_TOPIC_PROHIBITED)
+            response.topics.append(_refused_topic(topic.name, refused))
             continue
         try:
             _check_in_request(topic.name, keys)

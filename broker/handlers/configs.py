@@ -8,21 +8,26 @@ the answer is Kafka's default, false. A topic name is checked against Kafka's
 rules before it is looked up (INVALID_TOPIC_EXCEPTION, as Kafka's ConfigHelper). A broker's
 configs are the broker configs the controller accepts, dynamic where set; the resource ""
 (the cluster-wide defaults) lists only the entries set on it, as Kafka does, and a broker id
-other than this broker's is INVALID_REQUEST. An empty list of keys, like none, asks for all.
-A resource given more than once is answered each time, as Kafka's ConfigHelper.describeConfigs
-answers every resource of the request (it neither merges nor refuses repeats); each distinct
-resource (type, name and keys asked for) is described once and that answer repeated.
+other than this broker's is INVALID_REQUEST. A broker id is read as Kafka reads it, by Java's
+Integer.parseInt (``controller.configs.broker_id_of``, the controller's rule too): "0101" is
+broker 101. Every entry has its type; its documentation and synonyms come when the request
+asks for them (include_documentation, include_synonyms). An empty list of keys, like none,
+asks for all. A resource given more than once is answered each time, as Kafka's
+ConfigHelper.describeConfigs answers every resource of the request (it neither merges nor
+refuses repeats); each distinct resource (type, name and keys asked for) is described once
+and that answer repeated.
 
 Both alter requests are first checked here as Kafka's ConfigAdminManager.preprocess does (a
 name given twice, a null value, a BROKER resource naming another broker: INVALID_REQUEST), then
-go to the active controller as one IncrementalAlterConfigs: AlterConfigs replaces a resource's
-whole set, so it becomes SET for each entry given and DELETE for each entry not given. APPEND
-and SUBTRACT go to the controller as they are (controller/configs.py: list-typed configs only).
+go to the active controller as one IncrementalAlterConfigs, a broker's resource under the name
+its entries are kept by ("101" for "0101"; the answer keeps the name asked): AlterConfigs
+replaces a resource's whole set, so it becomes SET for each entry given and DELETE for each
+entry not given. APPEND and SUBTRACT go to the controller as they are (controller/configs.py:
+list-typed configs only).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,19 +35,18 @@ from broker.context import BrokerContext
 from broker.handlers.admin import wait_for_image
 from broker.handlers.common import Reply
 from broker.handlers.topic_configs import (
-    DYNAMIC_BROKER,
-    DYNAMIC_DEFAULT_BROKER,
-    config_entry,
-    default_source,
+    Detail,
+    broker_configs,
+    cluster_default_configs,
     effective_topic_configs,
 )
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
-from controller.configs import BROKER_CONFIGS, canonical_value, describe_topic_configs
+from controller.configs import broker_id_of, canonical_value
 from controller.image import MetadataImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
-from controller.topics import RESERVED_TOPIC_NAMES, check_topic_name, repeated
+from controller.topics import check_topic_name, repeated
 from proto import controller_pb2 as cpb
 
 __all__ = ["alter_configs", "describe_configs", "incremental_alter_configs"]
@@ -51,45 +55,11 @@ TOPIC = int(ConfigResourceType.TOPIC)
 BROKER = int(ConfigResourceType.BROKER)
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType ids
 CONFIG_WAIT_S = 5.0
-_JAVA_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)  # what Java's Integer.parseInt reads
 
 
-def _broker_configs(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
-    """This broker's configs: each from the nearest layer that sets it."""
-    own = image.configs.get((BROKER, str(context.settings.broker_id)), {})
-    cluster = image.configs.get((BROKER, ""), {})
-    statics = {n: v for n, v, _ in describe_topic_configs({}, context.settings.log_defaults)}
-    out = []
-    for config in sorted(BROKER_CONFIGS):
-        topic_name = BROKER_CONFIGS[config]
-        if config in own:
-            out.append(config_entry(config, own[config], DYNAMIC_BROKER))
-        elif config in cluster:
-            out.append(config_entry(config, cluster[config], DYNAMIC_DEFAULT_BROKER))
-        else:
-            static = statics[topic_name]
-            out.append(config_entry(config, static, default_source(topic_name, static)))
-    return out
-
-
-def _cluster_default_configs(image: MetadataImage) -> list[dict[str, Any]]:
-    """The resource "": only the cluster-wide entries set (Kafka's currentDynamicDefaultConfigs)."""
-    cluster = image.configs.get((BROKER, ""), {})
-    return [
-        config_entry(n, cluster[n], DYNAMIC_DEFAULT_BROKER)
-        for n in sorted(cluster)
-        if n in BROKER_CONFIGS
-    ]
-
-
-def _java_int(name: str) -> int | None:
-    """``name`` as Java's Integer.parseInt reads it (Kafka's broker resource names), or None."""
-    if not _JAVA_INT.fullmatch(name) or not -(2**31) <= int(name) < 2**31:
-        return None
-    return int(name)
-
-
-def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -> dict[str, Any]:
+def _describe_one(
+    context: BrokerContext, image: MetadataImage, resource: Any, detail: Detail
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "resource_type": resource.resource_type,
         "resource_name": resource.resource_name,
@@ -100,8 +70,7 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
     name = resource.resource_name
     if resource.resource_type == TOPIC:
         try:
-            if name not in RESERVED_TOPIC_NAMES:  # runnel's reservation; Kafka: just unknown
-                check_topic_name(name)
+            check_topic_name(name)  # __cluster_metadata passes: no topic has it (as in Kafka)
         except DecisionError as e:
             return out | {"error_code": e.code, "error_message": e.message}
         if name not in image.topic_ids:
@@ -109,19 +78,20 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 "error_message": f"no topic {name!r}",
             }
-        configs = effective_topic_configs(context, image, image.configs.get((TOPIC, name), {}))
+        entries = image.configs.get((TOPIC, name), {})
+        configs = effective_topic_configs(context, image, entries, detail)
     elif resource.resource_type == BROKER:
         me = context.settings.broker_id
         if not name:
-            configs = _cluster_default_configs(image)
-        elif (broker_id := _java_int(name)) is None:
+            configs = cluster_default_configs(image, detail)
+        elif (broker_id := broker_id_of(name)) is None:
             message = f"Broker id must be an integer, but it is: {name}"
             return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
         elif broker_id != me:
             message = f"Unexpected broker id, expected {me} or empty string, but received {name}"
             return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
         else:
-            configs = _broker_configs(context, image)
+            configs = broker_configs(context, image, detail)
     else:
         message = f"resource type {resource.resource_type} is not supported (topics 2, brokers 4)"
         return out | {"error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
@@ -133,6 +103,10 @@ def _describe_one(context: BrokerContext, image: MetadataImage, resource: Any) -
 
 def describe_configs(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     image = context.image()
+    detail = Detail(
+        synonyms=bool(getattr(request, "include_synonyms", False)),
+        documentation=bool(getattr(request, "include_documentation", False)),
+    )
     described: dict[tuple[int, str, frozenset[str] | None], dict[str, Any]] = {}
     results = []
     for resource in request.resources:
@@ -140,7 +114,7 @@ def describe_configs(context: BrokerContext, header: RequestHeader, request: Any
         key = (resource.resource_type, resource.resource_name, frozenset(keys) if keys else None)
         answer = described.get(key)
         if answer is None:  # a repeat shares the first answer: it is not described again
-            answer = described[key] = _describe_one(context, image, resource)
+            answer = described[key] = _describe_one(context, image, resource, detail)
         results.append(answer)
     return {"throttle_time_ms": 0, "results": results}
 
@@ -239,9 +213,9 @@ def _preprocess(
         message = f"Null value not supported for : {', '.join(null_values)}"
     elif resource.resource_type == BROKER and resource.resource_name:
         me, name = context.settings.broker_id, resource.resource_name
-        if _java_int(name) is None:
+        if (broker_id := broker_id_of(name)) is None:
             message = f"Node id must be an integer, but it is: {name}"
-        elif _java_int(name) != me:
+        elif broker_id != me:
             message = f"Unexpected broker id, expected {me}, but received {name}"
     return None if message is None else _result(resource, ErrorCode.INVALID_REQUEST, message)
 
@@ -275,7 +249,7 @@ def alter_configs(context: BrokerContext, header: RequestHeader, request: Any) -
             changes.append(refused)
             continue
         given = {c.name: c.value for c in resource.configs}
-        current = image.configs.get((resource.resource_type, resource.resource_name), {})
+        current = image.configs.get((resource.resource_type, _stored_name(resource)), {})
         configs = [cpb.AlterableConfig(name=n, op=cpb.SET, value=v) for n, v in given.items()]
         configs += [cpb.AlterableConfig(name=n, op=cpb.DELETE) for n in current if n not in given]
         changes.append(_alter_resource(resource, configs))
@@ -285,6 +259,15 @@ def alter_configs(context: BrokerContext, header: RequestHeader, request: Any) -
 def _alter_resource(resource: Any, configs: list[cpb.AlterableConfig]) -> cpb.AlterConfigsResource:
     return cpb.AlterConfigsResource(
         resource_type=resource.resource_type,
-        resource_name=resource.resource_name,
+        resource_name=_stored_name(resource),
         configs=configs,
     )
+
+
+def _stored_name(resource: Any) -> str:
+    """The name a resource's entries are kept under: a broker's id as ``str(id)`` ("0101" is
+    broker 101's, which ``_preprocess`` has checked), any other name as given."""
+    name: str = resource.resource_name
+    if resource.resource_type == BROKER and name:
+        return str(broker_id_of(name))
+    return name

@@ -4,13 +4,15 @@ How this works. ApiVersions and Metadata come from the broker's metadata image (
 round trip), except a Metadata request for unknown topics when ``auto_create_topics_enable`` is
 on: those are created through the controller and answered LEADER_NOT_AVAILABLE, as Kafka does,
 so the client asks again; an unknown topic whose name is not legal is INVALID_TOPIC_EXCEPTION
-and never created. DescribeCluster is forwarded to the active controller. Brokers are
-listed with their address on the listener the request came in on; fenced brokers are left
-out. The controller id a client sees is this broker's own id: clients cannot reach KRaft
-controllers, and this broker forwards admin requests to the active one (as Kafka's brokers
-do). A topic asked for more than once (by name, by id, or both) is answered once, at its first
-place, and created at most once: Kafka's handleTopicMetadataRequest takes the names and the ids
-as sets, so repeating a name in a request costs nothing.
+and never created, and ``__cluster_metadata`` (the metadata log's name: legal, and no topic's)
+is UNKNOWN_TOPIC_OR_PARTITION and never created, as Kafka answers it (its controller refuses
+to create it). DescribeCluster is forwarded to the active controller. Brokers are listed with
+their address on the listener the request came in on; fenced brokers are left out. The
+controller id a client sees is this broker's own id: clients cannot reach KRaft controllers,
+and this broker forwards admin requests to the active one (as Kafka's brokers do). A topic
+asked for more than once (by name, by id, or both) is answered once, at its first place, and
+created at most once: Kafka's handleTopicMetadataRequest takes the names and the ids as sets,
+so repeating a name in a request costs nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import NO_LEADER, MetadataImage, PartitionState
 from controller.outcome import DecisionError
-from controller.topics import check_topic_name
+from controller.topics import METADATA_TOPIC, check_topic_name
 from proto import controller_pb2 as cpb
 
 __all__ = ["api_versions", "describe_cluster", "metadata", "supported_api_versions"]
@@ -37,6 +39,7 @@ TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
 CLUSTER_OPERATIONS = sum(1 << op for op in (4, 5, 7, 8, 9, 10, 11, 12))
 AUTO_CREATE_LIMIT = 100  # unknown topics one Metadata request may create
 INVALID_NAME = ErrorCode.INVALID_TOPIC_EXCEPTION  # an unknown topic whose name is not legal
+UNKNOWN_TOPIC = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 # Advertised below what is served: Produce v0-v2 (message formats v0 and v1). librdkafka
@@ -160,11 +163,12 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
     )
     missing = [] if names is None else [n for n in names if n not in image.topic_ids]
     invalid = {n for n in missing if not _legal_topic_name(n)}  # never auto-created either
-    if invalid:
-        missing = [n for n in missing if n not in invalid]
+    if invalid or METADATA_TOPIC in missing:  # the metadata log's: unknown, never created
+        missing = [n for n in missing if n not in invalid and n != METADATA_TOPIC]
     allow = header.api_version < 4 or bool(getattr(request, "allow_auto_topic_creation", True))
     auto_create = bool(missing) and allow and context.settings.auto_create_topics_enable
     error = ErrorCode.LEADER_NOT_AVAILABLE if auto_create else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    errors = {n: INVALID_NAME for n in invalid} | {METADATA_TOPIC: UNKNOWN_TOPIC}
     listed = sorted(image.topic_ids) if names is None else names
     alive = {b for b, reg in image.brokers.items() if not reg.fenced}  # once per request
     response = {
@@ -172,8 +176,7 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
         "cluster_id": context.settings.cluster_id,
         "controller_id": context.settings.broker_id,
         "topics": [
-            _topic(image, name, INVALID_NAME if name in invalid else error, operations, alive)
-            for name in listed
+            _topic(image, name, errors.get(name, error), operations, alive) for name in listed
         ]
         + [_unknown_id(topic_id, operations) for topic_id in unknown_ids],
         "cluster_authorized_operations": CLUSTER_OPERATIONS

@@ -4,6 +4,9 @@ How this works. Produce appends each partition's record batches, as the client s
 (any codec; the log validates framing and CRC and stamps offsets and the leader epoch), while
 the request is being handled, so the appends of a connection's pipelined requests happen in
 order. Every partition gets its own error code; a bad partition never fails the others.
+Invalid acks (not -1, 0 or 1) append nothing and are answered in Kafka's order: an unknown
+partition UNKNOWN_TOPIC_OR_PARTITION, records the request may not carry their error, the rest
+INVALID_REQUIRED_ACKS.
 acks=0 sends no response: on an error the connection is closed instead (as Kafka does), which
 is the only way such a producer can learn of it. acks=-1 completes when the high watermark
 passes every partition's batch (the ISR has it: ``Partition.await_commit``); a partition whose
@@ -30,6 +33,7 @@ from broker.handlers.common import Reply, error_code_of, lookup_partition
 from broker.producer_ids import ProducerIdBlockError
 from broker.protocol import ErrorCode, RequestHeader
 from broker.server import CloseConnection
+from controller.image import MetadataImage
 from replication.errors import InvalidRecord, ReplicationError
 from replication.partition import Partition
 from storage.batch import (
@@ -57,6 +61,7 @@ _MAGIC_AT = 16
 _CODEC_AT = _ATTRIBUTES_LOW_BYTE_AT = 22  # attributes is the int16 at 21
 HEADER_SIZE_UP_TO_MAGIC = 17  # Kafka's Records.HEADER_SIZE_UP_TO_MAGIC
 _MIN_BATCH_LENGTH = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: a shorter one is corrupt
+_UNKNOWN_PARTITION = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 def _failed(index: int, code: int, message: str | None = None) -> dict[str, Any]:
@@ -118,8 +123,8 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     by_partition, transactional = _by_partition(request)
     if transactional:  # Kafka checks this before anything else
         refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NO_TRANSACTIONS)
-    elif acks not in VALID_ACKS:
-        refuse = (ErrorCode.INVALID_REQUIRED_ACKS, f"acks must be -1, 0 or 1, not {acks}")
+    elif acks not in VALID_ACKS:  # never 0: always answered
+        return _invalid_acks(context, image, by_partition, acks, version)
     elif request.transactional_id is not None:
         refuse = (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions unsupported")
     responses = []
@@ -152,6 +157,35 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
         timeout_ms = min(max(request.timeout_ms, 0), MAX_ACKS_TIMEOUT_MS)
         return _committed(body, waiting, timeout_ms, version)
     return body
+
+
+def _invalid_acks(
+    context: BrokerContext,
+    image: MetadataImage,
+    by_partition: dict[str, dict[int, Any]],
+    acks: int,
+    version: int,
+) -> dict[str, Any]:
+    """The answer to a request with acks other than -1, 0 and 1, appending nothing, in Kafka's
+    order: a partition the metadata does not have is UNKNOWN_TOPIC_OR_PARTITION and records
+    the request may not carry get their error (KafkaApis.handleProduceRequest); the rest,
+    led here or not, INVALID_REQUIRED_ACKS (ReplicaManager.appendRecords checks acks first)."""
+    message = f"acks must be -1, 0 or 1, not {acks}"
+    responses = []
+    for name, named in by_partition.items():
+        partitions = []
+        for index, records in named.items():
+            if lookup_partition(context, image, name, index) == _UNKNOWN_PARTITION:
+                result = _failed(index, _UNKNOWN_PARTITION)
+            elif records is None:
+                result = _failed(index, ErrorCode.CORRUPT_MESSAGE, "no records")
+            elif (invalid := _invalid_records(records, version)) is not None:
+                result = _failed(index, *invalid)
+            else:
+                result = _failed(index, ErrorCode.INVALID_REQUIRED_ACKS, message)
+            partitions.append(result)
+        responses.append({"name": name, "partition_responses": partitions})
+    return {"responses": responses, "throttle_time_ms": 0}
 
 
 def _by_partition(request: Any) -> tuple[dict[str, dict[int, Any]], bool]:

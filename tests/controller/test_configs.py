@@ -468,11 +468,39 @@ def test_a_broker_id_resource_gets_its_own_entries() -> None:
     assert replay(image, outcome.records).configs[(BROKER, "2")] == {"log.roll.ms": "5000"}
 
 
-@pytest.mark.parametrize("name", ["abc", "-1", "01", " 1", "\u0661"])
-def test_a_broker_resource_name_must_be_empty_or_a_broker_id(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("abc", "Unable to parse broker name as a base 10 number."),
+        (" 1", "Unable to parse broker name as a base 10 number."),
+        ("1_0", "Unable to parse broker name as a base 10 number."),
+        ("+", "Unable to parse broker name as a base 10 number."),
+        ("2147483648", "Unable to parse broker name as a base 10 number."),  # over 32 bits
+        ("-1", "Invalid negative broker ID."),
+    ],
+)
+def test_a_broker_resource_name_must_be_empty_or_a_broker_id(name: str, message: str) -> None:
+    """Kafka's ControllerConfigurationValidator.validateBrokerName (Integer.valueOf)."""
     result = refused(cluster(), alter(BROKER, name, set_("log.retention.ms", "1")))
-    assert result.error == cpb.INVALID_REQUEST
-    assert "neither ''" in result.message
+    assert (result.error, result.message) == (cpb.INVALID_REQUEST, message)
+
+
+@pytest.mark.parametrize("name", ["01", "+1", "\u0661", "0001"])
+def test_a_broker_id_spelt_as_java_reads_it_names_that_broker_s_entries(name: str) -> None:
+    """Java's Integer.parseInt reads "01", "+1" and an Arabic-Indic one as 1, as the broker
+    does: the entries are broker 1's, kept under "1" where brokers read them."""
+    image = cluster(rec.config(BROKER, "1", "log.roll.ms", "5000"))
+    outcome = incremental_alter_configs(image, alter(BROKER, name, set_("log.retention.ms", "7")))
+    assert [(r.resource_name, r.error) for r in outcome.response.resources] == [(name, cpb.NONE)]
+    assert replay(image, outcome.records).configs[(BROKER, "1")] == {
+        "log.roll.ms": "5000",
+        "log.retention.ms": "7",
+    }
+    twice = alter(BROKER, name, set_("log.retention.ms", "8"))
+    twice.resources.extend(alter(BROKER, "1", set_("log.roll.ms", "9")).resources)
+    outcome = incremental_alter_configs(image, twice)
+    assert [r.error for r in outcome.response.resources] == [cpb.INVALID_REQUEST] * 2
+    assert outcome.records == ()
 
 
 def test_unknown_broker_config_name_is_invalid_config() -> None:
