@@ -329,7 +329,7 @@ class GrpcTransport:
         self._learned = LearnedPeers(  # peers known only from reply_to
             self.config.max_learned_peers, self.config.learned_peer_max_idle_ms / 1000
         )
-        kinds = ("learned", "evicted", "idle", "unknown", "misrouted", "learned-peer")
+        kinds = ("learned", "evicted", "idle", "unknown", "misrouted", "own-id", "learned-peer")
         self._logs = {kind: LogThrottle() for kind in kinds}
         self._closing: set[asyncio.Task[None]] = set()  # channels of replaced peers, closing
         self._reply_to = ""
@@ -626,6 +626,18 @@ class GrpcTransport:
                 "node %d: got a message for node %d%s", self.node_id, destination, _more(quiet)
             )
 
+    def _from_own_id(self, peer: str) -> None:
+        quiet = self._logs["own-id"].ready(time.monotonic())
+        if quiet is not None:
+            log.warning(
+                "node %d: got a message from node %d (this node's id) from %s: is another "
+                "process configured with this id?%s",
+                self.node_id,
+                self.node_id,
+                peer,
+                _more(quiet),
+            )
+
     def _deliver(self, envelope: Envelope) -> None:
         if self._state is not _State.STARTED or self._receiver is None:
             log.debug("node %d: not receiving, dropped %s", self.node_id, _describe(envelope))
@@ -671,6 +683,13 @@ class _Servicer(raft_pb2_grpc.RaftServiceServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this is node {node_id}, not node {envelope.destination}",
+            )
+        if envelope.source == node_id:
+            # Another process with this node's id, or a forgery: learning it as a peer would
+            # send this node's own messages to that address.
+            self._transport._from_own_id(context.peer())
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"a message from node {node_id}, this node's id"
             )
         if request.reply_to:
             self._transport.learn_peer(envelope.source, request.reply_to)

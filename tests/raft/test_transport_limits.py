@@ -311,3 +311,27 @@ def test_the_controller_client_retries_a_controller_at_its_rpc_bound() -> None:
             await within(node.transport.close())
 
     run(main)
+
+
+def test_a_message_from_the_nodes_own_id_is_refused_and_not_learned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another process configured with this node's id (or a forgery) must not become a peer:
+    this node would send its own messages to that address."""
+    caplog.set_level(logging.WARNING, logger="raft.transport")
+
+    async def main() -> None:
+        node = Node(1)
+        await within(node.transport.start())
+        try:
+            elsewhere = f"127.0.0.1:{unused_port()}"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await raw_send(node.transport.address, 1, 1, elsewhere)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert (node.transport.learned_peer_count, node.transport.peer_count) == (0, 0)
+            assert node.inbox.empty()
+        finally:
+            await within(node.transport.close())
+
+    run(main)
+    assert any("this node's id" in r.getMessage() for r in caplog.records)
