@@ -47,6 +47,9 @@ _log = logging.getLogger(__name__)
 R = TypeVar("R")
 Context = grpc.aio.ServicerContext[Any, Any]
 FENCE_CHECK_INTERVAL_MS = 1000
+# Requests decided and waiting for their commits at once; half the transport's default
+# max_concurrent_rpcs, so that Raft always finds slots (a node passes half of its own).
+DEFAULT_MAX_IN_FLIGHT_REQUESTS = 5_000
 LEADERLESS_CHECK_INTERVAL_S = 0.1  # a pass when one is due (module doc), else nothing
 
 
@@ -58,8 +61,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         controller: QuorumController,
         addresses: Mapping[int, str],
         log_defaults: LogConfig | None = None,
+        max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
         self.controller = controller
+        self.max_in_flight_requests = max_in_flight_requests  # then RESOURCE_EXHAUSTED
+        self._in_flight = 0
         self.config = controller.config
         self.addresses = dict(addresses)  # controller id -> its controller listener
         self.log_defaults = log_defaults or LogConfig()
@@ -106,7 +112,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     request.broker_id, response.broker_epoch, now, -1, offset + 1
                 )
 
-        return await self._serve(cpb.RegisterBrokerResponse, decide, committed)
+        return await self._serve(context, cpb.RegisterBrokerResponse, decide, committed)
 
     async def BrokerHeartbeat(
         self, request: cpb.BrokerHeartbeatRequest, context: Context
@@ -143,12 +149,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     self.controller.committed_offset,
                 )
 
-        return await self._serve(cpb.BrokerHeartbeatResponse, decide, committed)
+        return await self._serve(context, cpb.BrokerHeartbeatResponse, decide, committed)
 
     async def AlterPartition(
         self, request: cpb.AlterPartitionRequest, context: Context
     ) -> cpb.AlterPartitionResponse:
         return await self._serve(
+            context,
             cpb.AlterPartitionResponse,
             lambda image: elections.alter_partition(image, request),
         )
@@ -170,7 +177,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             ]
             return Outcome(outcome.records, cpb.ElectLeadersResponse(partitions=results))
 
-        return await self._serve(cpb.ElectLeadersResponse, decide)
+        return await self._serve(context, cpb.ElectLeadersResponse, decide)
 
     # -- topics and configs --------------------------------------------------------------
     async def CreateTopics(
@@ -189,13 +196,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 log_defaults=self.log_defaults,
             )
 
-        return await self._serve(cpb.CreateTopicsResponse, decide)
+        return await self._serve(context, cpb.CreateTopicsResponse, decide)
 
     async def DeleteTopics(
         self, request: cpb.DeleteTopicsRequest, context: Context
     ) -> cpb.DeleteTopicsResponse:
         return await self._serve(
-            cpb.DeleteTopicsResponse, lambda image: topics.delete_topics(image, request)
+            context, cpb.DeleteTopicsResponse, lambda image: topics.delete_topics(image, request)
         )
 
     async def CreatePartitions(
@@ -203,6 +210,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.CreatePartitionsResponse:
         start = int.from_bytes(os.urandom(2), "big")
         return await self._serve(
+            context,
             cpb.CreatePartitionsResponse,
             lambda image: topics.create_partitions(
                 image, request, placement_start=start, limits=self.topic_limits
@@ -213,6 +221,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self, request: cpb.IncrementalAlterConfigsRequest, context: Context
     ) -> cpb.IncrementalAlterConfigsResponse:
         return await self._serve(
+            context,
             cpb.IncrementalAlterConfigsResponse,
             lambda image: configs.incremental_alter_configs(image, request, self.log_defaults),
         )
@@ -221,6 +230,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self, request: cpb.AllocateProducerIdsRequest, context: Context
     ) -> cpb.AllocateProducerIdsResponse:
         return await self._serve(
+            context,
             cpb.AllocateProducerIdsResponse,
             lambda image: configs.allocate_producer_ids(image, request),
         )
@@ -236,7 +246,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
             return Outcome((), response)
 
-        return await self._serve(cpb.DescribeClusterResponse, decide)
+        return await self._serve(context, cpb.DescribeClusterResponse, decide)
 
     async def DescribeTopics(
         self, request: cpb.DescribeTopicsRequest, context: Context
@@ -244,14 +254,35 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         def decide(image: MetadataImage) -> Outcome[cpb.DescribeTopicsResponse]:
             return Outcome((), describe_topics(self.controller.committed_image, request.names))
 
-        return await self._serve(cpb.DescribeTopicsResponse, decide)
+        return await self._serve(context, cpb.DescribeTopicsResponse, decide)
 
     # -- the mapping of failures, once -----------------------------------------------------
     async def _serve(
         self,
+        context: Context,
         response_type: Callable[..., R],
         decide: Callable[[MetadataImage], Outcome[R]],
         committed: Callable[[R, int], Awaitable[None]] | None = None,
+    ) -> R:
+        if self._in_flight >= self.max_in_flight_requests:
+            # Beyond it, requests waiting for their commits could take every RPC slot of the
+            # server they share with Raft, whose Sends would then be refused and nothing
+            # would commit. RESOURCE_EXHAUSTED: the client retries after a backoff.
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the active controller has {self._in_flight} requests in flight; try again",
+            )
+        self._in_flight += 1
+        try:
+            return await self._decide_and_answer(response_type, decide, committed)
+        finally:
+            self._in_flight -= 1
+
+    async def _decide_and_answer(
+        self,
+        response_type: Callable[..., R],
+        decide: Callable[[MetadataImage], Outcome[R]],
+        committed: Callable[[R, int], Awaitable[None]] | None,
     ) -> R:
         try:
             response, offset = await self.controller.write(decide)

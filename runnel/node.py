@@ -93,6 +93,7 @@ class RunnelNode:
             self._metadata_dir_lock.release()
             raise
         self.controller: QuorumController | None = None
+        self.controller_service: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.client: ControllerClient | None = None
         self.kafka: KafkaBroker | None = None
@@ -127,8 +128,14 @@ class RunnelNode:
         config = self.config
         if self.is_controller:
             self.controller = QuorumController(self.raft, self.machine, config.controller)
-            service = ControllerService(self.controller, self.voters, config.log)
-            self.transport.add_service(service.register)
+            # Half the server's RPC slots at most wait for commits: Raft needs the others.
+            self.controller_service = ControllerService(
+                self.controller,
+                self.voters,
+                config.log,
+                max_in_flight_requests=max(1, config.raft_transport.max_concurrent_rpcs // 2),
+            )
+            self.transport.add_service(self.controller_service.register)
         if self.is_broker:
             self.client = ControllerClient(self.voters)
             self.lifecycle = BrokerLifecycle(

@@ -50,12 +50,19 @@ def test_the_inbox_must_hold_the_largest_message(tmp_path: Path) -> None:
 
 def test_a_node_gives_its_raft_node_the_inbox_bound(tmp_path: Path) -> None:
     path, _ = write_combined_node_config(tmp_path)
-    config = load_config(path, {"RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "33554432"})
+    env = {
+        "RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "33554432",
+        "RUNNEL_RAFT_TRANSPORT__MAX_CONCURRENT_RPCS": "301",
+    }
+    config = load_config(path, env)
 
     async def main() -> None:
         node = RunnelNode(config)
         try:
             assert node.raft.config.max_inbox_bytes == 32 * 1024 * 1024
+            # the controller API may hold half the RPC slots waiting for commits
+            assert node.controller_service is not None
+            assert node.controller_service.max_in_flight_requests == 150
             assert node.transport.config is config.raft_transport
         finally:
             await node.stop()

@@ -229,3 +229,53 @@ def test_a_new_active_controller_elects_leaderless_partitions_an_earlier_one_lef
         assert leaders(controller) == [1] * 3
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What ``_serve`` uses of a gRPC servicer context: ``abort`` ends the RPC."""
+
+    def __init__(self) -> None:
+        self.aborted: tuple[Any, str] | None = None
+
+    async def abort(self, code: Any, details: str) -> None:
+        self.aborted = (code, details)
+        raise _Aborted(details)
+
+
+def test_requests_beyond_the_in_flight_bound_are_refused_resource_exhausted() -> None:
+    """Requests waiting for their commits must leave the RPC slots the service shares with
+    Raft: past the bound the next is refused RESOURCE_EXHAUSTED (the client retries), and
+    once one completes another is taken."""
+    import grpc
+
+    async def main() -> None:
+        controller = StandInController(cluster())
+        service = ControllerService(  # type: ignore[arg-type]
+            controller, {1: "127.0.0.1:1"}, max_in_flight_requests=1
+        )
+        release = asyncio.Event()
+        write = controller.write
+
+        async def slow_write(decide: Callable[[MetadataImage], Outcome[Any]]) -> tuple[Any, int]:
+            await release.wait()
+            return await write(decide)
+
+        controller.write = slow_write  # type: ignore[method-assign]
+        elect = cpb.ElectLeadersRequest()
+        first = asyncio.create_task(service.ElectLeaders(elect, _Context()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # it is waiting in write
+        context = _Context()
+        with pytest.raises(_Aborted):
+            await service.ElectLeaders(elect, context)  # type: ignore[arg-type]
+        assert context.aborted is not None
+        assert context.aborted[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+        release.set()
+        assert (await first).header.error == cpb.NONE
+        again = await service.ElectLeaders(elect, _Context())  # type: ignore[arg-type]
+        assert again.header.error == cpb.NONE
+
+    asyncio.run(asyncio.wait_for(main(), 30))
