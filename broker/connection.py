@@ -24,6 +24,19 @@ that size) and reuses it for the next big frame unless a frame in it is still le
 of allocating and faulting in fresh memory for every one (a follower's 1 MiB fetch answers).
 The size prefix is checked against the limit before any of the body is read.
 
+A reader given a ``MemoryPool`` (the broker's listeners share one: ``queued_max_request_bytes``)
+takes from it every byte it holds beyond its own chunk: a big frame's buffer (its size, taken
+when the size prefix arrives, before the buffer is made) and a chunk pinned by frames in flight
+when the reader moves on to a fresh one. A frame's bytes go back when nothing needs them: a
+pinned chunk at its last ``release``, a big frame's buffer at ``release`` or, for a frame
+answered at once, ``Chunk.settle`` after the handler returned; a closed reader's at ``close``.
+When the pool cannot give what the next read needs, ``try_recv_target`` and ``next_frame`` say
+so (``waiting_bytes``) instead of allocating: the caller stops reading its socket until the
+pool calls ``on_memory``. The pool serves waiters in order and never lends more than its
+limit; every take is at most the frame limit, which the limit is at least, so the first waiter
+fits once the bytes taken before it are given back: no frame waits forever while requests
+complete. Each connection's own chunk (``buffer_bytes``) is not taken from the pool.
+
 ``ResponseQueue`` keeps responses in request order: a request answered later ``reserve``s a
 slot, which ``complete`` fills (``None``: nothing to send), moving every completed slot at the
 head to the output; a response ready at once (``respond``) goes straight to the output unless
@@ -42,9 +55,10 @@ import os
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 
-from storage.errors import invariant
+from storage.errors import InvariantViolation, invariant
 from storage.segment import FileSlice
 
 __all__ = [
@@ -52,6 +66,7 @@ __all__ = [
     "Chunk",
     "FrameReader",
     "FrameSizeError",
+    "MemoryPool",
     "ResponseQueue",
     "ShortFileError",
     "Slot",
@@ -79,22 +94,93 @@ class ShortFileError(Exception):
     """A FileSlice reached the end of its file early: the response cannot be completed."""
 
 
-class Chunk:
-    """A receive buffer and the count of frames lent out of it and not yet released."""
+class MemoryPool:
+    """Request memory shared by readers: at most ``limit_bytes`` taken at once.
 
-    __slots__ = ("data", "lent", "view")
+    Kafka's queued.max.request.bytes pool (SimpleMemoryPool), but strict and in order where
+    Kafka's lends while anything is left (overshooting by up to one request) and shuffles its
+    sockets against starvation: ``take`` succeeds if the bytes fit and nobody waits; otherwise
+    the taker joins a queue, and ``give`` takes freed bytes for the waiters in order, then calls
+    each one's ``granted``. A take must not exceed the limit (it would wait for ever).
+    ``used_bytes`` is taken now; ``waits`` counts takes that had to wait (reads paused).
+    Not thread-safe; ``granted`` is called inside ``give``, so it should only schedule work."""
+
+    __slots__ = ("_waiters", "limit_bytes", "used_bytes", "waits")
+
+    def __init__(self, limit_bytes: int) -> None:
+        invariant(limit_bytes > 0, "a memory pool needs a positive limit")
+        self.limit_bytes = limit_bytes
+        self.used_bytes = 0
+        self.waits = 0
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def take(self, size: int, granted: Callable[[], None]) -> bool:
+        """Take ``size`` bytes now (True), or queue for them: ``granted`` is called once they
+        have been taken for the caller (False)."""
+        invariant(0 < size <= self.limit_bytes, f"a take of {size} bytes can never be served")
+        if not self._waiters and self.used_bytes + size <= self.limit_bytes:
+            self.used_bytes += size
+            return True
+        self._waiters.append((size, granted))
+        self.waits += 1
+        return False
+
+    def give(self, size: int) -> None:
+        self.used_bytes -= size
+        invariant(self.used_bytes >= 0, "a memory pool got back more than it lent")
+        while self._waiters and self.used_bytes + self._waiters[0][0] <= self.limit_bytes:
+            wanted, granted = self._waiters.popleft()
+            self.used_bytes += wanted
+            granted()
+
+    def cancel(self, granted: Callable[[], None]) -> None:
+        """Leave the queue (the taker is gone); the waiters behind may fit now."""
+        self._waiters = deque(w for w in self._waiters if w[1] != granted)
+        self.give(0)
+
+
+class Chunk:
+    """A receive buffer, the count of frames lent out of it and not yet released, and the
+    bytes it holds of a ``MemoryPool`` (``charged``)."""
+
+    __slots__ = ("charged", "data", "lent", "pool", "view")
 
     def __init__(self, size: int, *, lazy: bool = False) -> None:
         """``lazy``: memory mapped, taken page by page as it is written (big frames)."""
         self.data: bytearray | mmap.mmap = mmap.mmap(-1, size) if lazy else bytearray(size)
         self.view = memoryview(self.data)
         self.lent = 0
+        self.charged = 0
+        self.pool: MemoryPool | None = None
+
+    def settle(self) -> None:
+        """Give the chunk's bytes back to its pool if no frame in it is lent: call it when a
+        frame of it was handled and not retained (its reader no longer writes into it)."""
+        pool = self.pool
+        if self.lent == 0 and pool is not None and self.charged:
+            pool.give(self.charged)
+            self.charged = 0
 
 
 class FrameReader:
     """Splits a byte stream of size-prefixed frames. See the module docstring."""
 
-    def __init__(self, max_frame_bytes: int, buffer_bytes: int, keep_large_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        max_frame_bytes: int,
+        buffer_bytes: int,
+        keep_large_bytes: int = 0,
+        *,
+        pool: MemoryPool | None = None,
+        on_memory: Callable[[], None] | None = None,
+    ) -> None:
+        """With a ``pool``, ``on_memory`` is called (inside ``MemoryPool.give``) once memory
+        the reader waited for is granted."""
+        invariant(pool is None or keep_large_bytes == 0, "a kept buffer would hold pool bytes")
         self._max_frame_bytes = max_frame_bytes
         self._buffer_bytes = buffer_bytes
         self._keep_large_bytes = keep_large_bytes
@@ -105,6 +191,11 @@ class FrameReader:
         self._large_size = 0  # that frame's size (its buffer may be bigger)
         self._large_filled = 0
         self._spare: Chunk | None = None  # a big frame's buffer kept for reuse
+        self._pool = pool
+        self._on_memory = on_memory
+        self.waiting_bytes = 0  # asked of the pool, not granted yet: do not read
+        self._granted = 0  # granted by the pool, not used yet
+        self._for_chunk = False  # what was asked: a fresh chunk, or a big frame's buffer
 
     @property
     def buffered_bytes(self) -> int:
@@ -113,14 +204,35 @@ class FrameReader:
         return self._end - self._start + large
 
     def recv_target(self) -> memoryview:
-        """Where the next ``recv_into`` should write; then call ``received``."""
+        """Where the next ``recv_into`` should write; then call ``received``. A reader with a
+        pool uses ``try_recv_target``."""
+        target = self.try_recv_target()
+        if target is None:
+            raise InvariantViolation("recv_target while waiting for memory: try_recv_target")
+        return target
+
+    def try_recv_target(self) -> memoryview | None:
+        """``recv_target``, or None while the memory it needs is asked of the pool."""
         if self._large is not None:
             return self._large.view[self._large_filled : self._large_size]
+        return self._chunk.view[self._end :] if self.make_room() else None
+
+    def make_room(self) -> bool:
+        """Get what the next read needs; False while it is asked of the pool (``on_memory``
+        follows). Asking again is harmless; a fresh chunk asked for and no longer needed (the
+        pinned one was released) is given back."""
+        if self._large is not None:
+            return True
+        if self.waiting_bytes or self._granted:
+            if not self._for_chunk:
+                return False  # a big frame's buffer: next_frame takes it when granted
+            if self._chunk.lent == 0:
+                self._forgo()  # the chunk is free again: no fresh one needed
         if self._start == self._end and self._chunk.lent == 0:
             self._start = self._end = 0
         elif self._buffer_bytes - self._end < self._buffer_bytes // 8:
-            self._make_room()
-        return self._chunk.view[self._end :]
+            return self._make_room()
+        return True
 
     def received(self, count: int) -> None:
         if self._large is not None:
@@ -128,8 +240,9 @@ class FrameReader:
         else:
             self._end += count
 
-    def next_frame(self) -> tuple[memoryview, Chunk | None] | None:
-        """The next complete frame (without its prefix) and its chunk, for ``retain``."""
+    def next_frame(self) -> tuple[memoryview, Chunk] | None:
+        """The next complete frame (without its prefix) and its chunk, for ``retain`` (or
+        ``Chunk.settle`` once handled, if not retained)."""
         large = self._large
         if large is not None:
             if self._large_filled < self._large_size:
@@ -146,7 +259,7 @@ class FrameReader:
         if available - SIZE_PREFIX_BYTES >= size:
             self._start = begin + size
             return self._chunk.view[begin : self._start], self._chunk
-        if size > self._buffer_bytes // 2:
+        if size > self._buffer_bytes // 2 and self._take(size, for_chunk=False):
             self._start_large(begin, size)
         return None
 
@@ -159,10 +272,55 @@ class FrameReader:
 
     @staticmethod
     def release(chunk: Chunk | None) -> None:
-        """The retained frame's request has its response: the memory may be reused."""
+        """The retained frame's request has its response: the memory may be reused (and goes
+        back to its pool once no frame in it is lent)."""
         if chunk is not None:
             chunk.lent -= 1
             invariant(chunk.lent >= 0, "a frame was released twice")
+            if chunk.charged:
+                chunk.settle()
+
+    def close(self) -> None:
+        """The stream is gone: give back what the reader holds of its pool (frames handed out
+        give theirs back at ``release`` or ``Chunk.settle``). Not used after this."""
+        self._forgo()
+        large, self._large = self._large, None
+        if large is not None:
+            large.settle()
+
+    def _take(self, size: int, *, for_chunk: bool) -> bool:
+        """Charge ``size`` bytes to the pool; False while they are asked and not granted."""
+        pool = self._pool
+        if pool is None:
+            return True
+        if self._granted:
+            invariant(self._granted == size and self._for_chunk == for_chunk, "grant mismatch")
+            self._granted = 0
+            return True
+        if self.waiting_bytes:
+            invariant(self.waiting_bytes == size and self._for_chunk == for_chunk, "two asks")
+            return False
+        if pool.take(size, self._on_grant):
+            return True
+        self.waiting_bytes, self._for_chunk = size, for_chunk
+        return False
+
+    def _on_grant(self) -> None:
+        self._granted, self.waiting_bytes = self.waiting_bytes, 0
+        if self._on_memory is not None:
+            self._on_memory()
+
+    def _forgo(self) -> None:
+        """Drop an ask or a grant not needed any more."""
+        pool = self._pool
+        if pool is None:
+            return
+        if self.waiting_bytes:
+            self.waiting_bytes = 0
+            pool.cancel(self._on_grant)
+        if self._granted:
+            granted, self._granted = self._granted, 0
+            pool.give(granted)
 
     def _start_large(self, begin: int, size: int) -> None:
         spare = self._spare
@@ -170,23 +328,32 @@ class FrameReader:
             large = spare
         else:
             large = Chunk(size, lazy=size > LAZY_FRAME_BYTES)
-            if size <= self._keep_large_bytes:
+            if self._pool is not None:
+                large.pool, large.charged = self._pool, size
+            elif size <= self._keep_large_bytes:
                 self._spare = large
         have = self._end - begin
         large.view[:have] = self._chunk.view[begin : self._end]
         self._large, self._large_size, self._large_filled = large, size, have
         self._start = self._end
 
-    def _make_room(self) -> None:
-        """Move the partial frame at the end to the front of a chunk no frame refers to."""
+    def _make_room(self) -> bool:
+        """Move the partial frame at the end to the front of a chunk no frame refers to: this
+        one, or a fresh one if frames in this one are lent (False: asked of the pool)."""
         pending = self._end - self._start
-        if self._chunk.lent == 0:
-            self._chunk.view[:pending] = self._chunk.view[self._start : self._end]
-        else:
+        old = self._chunk
+        if old.lent == 0:
+            old.view[:pending] = old.view[self._start : self._end]
+        elif self._take(self._buffer_bytes, for_chunk=True):
             fresh = Chunk(self._buffer_bytes)
-            fresh.view[:pending] = self._chunk.view[self._start : self._end]
+            fresh.view[:pending] = old.view[self._start : self._end]
             self._chunk = fresh
+            if self._pool is not None:  # the pinned chunk is what this reader holds extra
+                old.pool, old.charged = self._pool, self._buffer_bytes
+        else:
+            return False
         self._start, self._end = 0, pending
+        return True
 
 
 class Slot:

@@ -16,7 +16,8 @@ time). Log retention and compaction run in the background every
 Listeners: the client listener, and any other Kafka listeners the node names (an
 inter-broker one, Kafka's ``inter.broker.listener.name``), each a ``Server`` with its own
 dispatcher; they share everything but the listener's name, which Metadata answers with
-(every broker's address on the listener asked).
+(every broker's address on the listener asked), and one budget of request memory
+(``request_memory``, ``queued_max_request_bytes``: broker-wide, as in Kafka).
 
 Replication: the replica manager tells the ``ReplicaFetcherManager`` which partitions follow
 which leader (each leader's address on the inter-broker listener, by default the client
@@ -47,6 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from broker.alter_partition import AlterPartitionSender
+from broker.connection import MemoryPool
 from broker.context import BrokerContext, BrokerSettings
 from broker.dispatcher import KafkaDispatcher
 from broker.producer_ids import ProducerIdManager
@@ -139,6 +141,8 @@ class KafkaBroker:
         )
         self.dispatchers: dict[str, KafkaDispatcher] = {}  # by listener name
         self.servers: dict[str, Server] = {}
+        # One budget of request memory for every Kafka listener, as Kafka's SocketServer has.
+        self.request_memory = MemoryPool(server_config.queued_max_request_bytes)
         for name, listener_host, listener_port in (
             (settings.listener_name, host, port),
             *other_listeners,
@@ -156,6 +160,7 @@ class KafkaBroker:
                 port=listener_port,
                 config=server_config,
                 listener=name,
+                memory_pool=self.request_memory,
             )
         self.server = self.servers[settings.listener_name]  # the client listener
         self._image = MetadataImage.EMPTY

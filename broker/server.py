@@ -16,6 +16,12 @@ splits frames and writes responses (byte parts with one ``sendmsg``, ``FileSlice
 - backpressure: with ``max_in_flight_requests_per_connection`` requests unanswered, or more than
   ``max_buffered_response_bytes_per_connection`` unsent bytes, the connection handles no more
   frames and stops reading until responses complete and drain.
+- request memory: what a connection's ``FrameReader`` holds beyond its own chunk (a big
+  frame's buffer, chunks pinned by requests in flight) is taken from a ``MemoryPool`` of
+  ``queued_max_request_bytes``, shared by a broker's listeners (as Kafka's pool is). A
+  connection whose next read needs memory the pool cannot give now stops reading until the
+  pool grants it (in order of asking); the bytes go back when the request is answered or
+  fails and when the connection closes, mid-frame or with requests in flight.
 - closing: EOF between frames or a reset (DEBUG), EOF mid-frame (WARNING), a bad size
   prefix, ``CloseConnection`` or a ValueError from the handler (WARNING with peer and reason),
   any other handler error (ERROR with traceback), no traffic and nothing in flight for
@@ -42,6 +48,7 @@ from broker.connection import (
     Chunk,
     FrameReader,
     FrameSizeError,
+    MemoryPool,
     ResponseQueue,
     ShortFileError,
     Slot,
@@ -106,6 +113,9 @@ class ServerConfig:
     max_connections: int = 1000  # beyond it a new connection is accepted and closed at once
     max_in_flight_requests_per_connection: int = 100  # then the connection stops reading
     max_buffered_response_bytes_per_connection: int = 64 * MIB  # unsent; then it stops reading
+    # Request bytes held at once (big frames' buffers, chunks pinned by requests in flight),
+    # all the broker's listeners together; then a connection needing more stops reading.
+    queued_max_request_bytes: int = 512 * MIB
     connections_max_idle_ms: int = 600_000  # no bytes either way and no request in flight
     socket_send_buffer_bytes: int = -1  # SO_SNDBUF; -1: the OS default
     socket_receive_buffer_bytes: int = -1  # SO_RCVBUF; -1: the OS default
@@ -127,6 +137,13 @@ class ServerConfig:
             raise ValueError(
                 f"read_buffer_bytes must be at least 1024, got {self.read_buffer_bytes}"
             )
+        largest = max(self.socket_request_max_bytes, self.read_buffer_bytes)
+        if self.queued_max_request_bytes < largest:
+            raise ValueError(
+                f"queued_max_request_bytes ({self.queued_max_request_bytes}) must be at least "
+                f"socket_request_max_bytes ({self.socket_request_max_bytes}) and "
+                f"read_buffer_bytes ({self.read_buffer_bytes}), or such a request never fits"
+            )
 
 
 class _Connection:
@@ -143,7 +160,12 @@ class _Connection:
         self._handler = server.handler
         self._max_in_flight = config.max_in_flight_requests_per_connection
         self._max_buffered_bytes = config.max_buffered_response_bytes_per_connection
-        self._reader = FrameReader(config.socket_request_max_bytes, config.read_buffer_bytes)
+        self._reader = FrameReader(
+            config.socket_request_max_bytes,
+            config.read_buffer_bytes,
+            pool=server.memory_pool,
+            on_memory=self._on_memory,
+        )
         self._out = ResponseQueue()
         self._in_flight = 0
         self._reading = self._writing = self._closed = False
@@ -153,8 +175,14 @@ class _Connection:
     def start(self) -> None:
         self._set_reading(True)
 
+    @property
+    def buffered_response_bytes(self) -> int:
+        return self._out.buffered_bytes
+
     def idle_since(self, time: float) -> bool:
-        return self._in_flight == 0 and self._last_active < time
+        """Nothing in flight, no traffic since ``time``, and not waiting for memory (the
+        broker's doing, not the client's)."""
+        return self._in_flight == 0 and self._last_active < time and not self._reader.waiting_bytes
 
     def close(self, *, flush: bool = False) -> None:
         """Close now; with ``flush``, first send what the socket takes without waiting."""
@@ -167,13 +195,18 @@ class _Connection:
         self._set_writing(False)
         self._closed = True
         self._sock.close()
+        self._reader.close()
         for future in self.pending:
             future.cancel()
         self._server._forget(self)
 
     def _on_readable(self) -> None:
+        target = self._reader.try_recv_target()
+        if target is None:  # the pool cannot give what this read needs: wait for _on_memory
+            self._set_reading(False)
+            return
         try:
-            count = self._sock.recv_into(self._reader.recv_target())
+            count = self._sock.recv_into(target)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -207,7 +240,8 @@ class _Connection:
                 return
             if not (limited and self._may_handle()):
                 break
-        self._set_reading(self._may_handle())
+        reader = self._reader  # waiting for memory: read once it is granted or not needed
+        self._set_reading(self._may_handle() and (not reader.waiting_bytes or reader.make_room()))
 
     def _may_handle(self) -> bool:
         return (
@@ -235,27 +269,29 @@ class _Connection:
             self._server.requests_received += handled
         return False
 
-    def _call_handler(self, frame: memoryview, chunk: Chunk | None) -> None:
+    def _call_handler(self, frame: memoryview, chunk: Chunk) -> None:
         try:
             result = self._handler.handle(frame, self.info)
             if result is None or isinstance(result, list):
                 self._out.respond(result)
-                return
-            future = asyncio.ensure_future(result)
+            else:
+                future = asyncio.ensure_future(result)
+                self._in_flight += 1
+                FrameReader.retain(chunk)
+                self.pending.add(future)
+                callback = functools.partial(self._on_done, self._out.reserve(), chunk)
+                future.add_done_callback(callback)
         except Exception as exc:
             self._fail(exc)
-            return
-        self._in_flight += 1
-        FrameReader.retain(chunk)
-        self.pending.add(future)
-        future.add_done_callback(functools.partial(self._on_done, self._out.reserve(), chunk))
+        if chunk.charged:  # a big frame's own buffer: back to the pool unless in flight
+            chunk.settle()
 
-    def _on_done(self, slot: Slot, chunk: Chunk | None, future: asyncio.Future[Response]) -> None:
+    def _on_done(self, slot: Slot, chunk: Chunk, future: asyncio.Future[Response]) -> None:
         self.pending.discard(future)
+        FrameReader.release(chunk)  # the handler is done with the frame, closed or not
         if self._closed:
             return
         self._in_flight -= 1
-        FrameReader.release(chunk)
         if future.cancelled():
             self._fail(CloseConnection("the handler's awaitable was cancelled"))
             return
@@ -273,6 +309,16 @@ class _Connection:
             self._loop.call_soon(self._pump_later)
             return
         self._pump()
+
+    def _on_memory(self) -> None:
+        """The pool granted what the reader waited for (called inside another connection's
+        release): carry on at the next loop turn. The wait was not the client's idleness."""
+        self._last_active = self._loop.time()
+        self._loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if not self._closed:
+            self._pump()
 
     def _pump_later(self) -> None:
         self._pump_soon = False
@@ -336,7 +382,9 @@ class _Connection:
 class Server:
     """The listener: ``await start()`` binds (``port`` 0 picks a free one; ``port`` then holds
     the bound port), ``await close()`` stops everything within ``close_timeout_ms``. The
-    counters are plain attributes for metrics."""
+    counters are plain attributes for metrics. ``memory_pool``: the request memory it shares
+    with the broker's other listeners (default: a pool of its own, of the config's
+    ``queued_max_request_bytes``); its ``used_bytes`` and ``waits`` are for metrics too."""
 
     def __init__(
         self,
@@ -346,9 +394,14 @@ class Server:
         port: int = 0,
         config: ServerConfig | None = None,
         listener: str = "PLAINTEXT",
+        memory_pool: MemoryPool | None = None,
     ) -> None:
         self.handler = handler
         self.config = config or ServerConfig()
+        limit = self.config.queued_max_request_bytes
+        self.memory_pool = memory_pool if memory_pool is not None else MemoryPool(limit)
+        largest = max(self.config.socket_request_max_bytes, self.config.read_buffer_bytes)
+        invariant(self.memory_pool.limit_bytes >= largest, "a request would never fit the pool")
         self.host = host
         self.port = port
         self.listener = listener
@@ -411,6 +464,10 @@ class Server:
                     self.listener,
                     len(stuck),
                 )
+
+    def buffered_response_bytes(self) -> int:
+        """Response bytes produced and not yet sent, every connection's together (a gauge)."""
+        return sum(c.buffered_response_bytes for c in list(self._connections.values()))
 
     def _forget(self, connection: _Connection) -> None:
         del self._connections[connection.info.connection_id]
