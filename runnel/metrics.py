@@ -18,7 +18,9 @@ counters, all ``runnel_kafka_``: ``connections_accepted_total``, ``connections_r
 ``replica_fetch_session_errors_total``, ``replica_appended_bytes_total``,
 ``replica_truncations_total``, ``replica_metadata_rests_total``,
 ``isr_changes_proposed_total``, ``isr_changes_refused_total``, ``isr_change_requests_total``,
-``fetch_session_evictions_total`` and ``fetch_session_expirations_total``. Everything else is
+``fetch_session_evictions_total``, ``fetch_session_expirations_total`` and
+``request_memory_waits_total``; and ``runnel_raft_inbox_drops_total`` (label ``reason``:
+``count`` or ``bytes``) and ``runnel_raft_learned_peers_forgotten_total``. Everything else is
 a gauge. prometheus_client names a counter's family without ``_total`` and its samples with
 it; the classic text format prints ``# TYPE`` with ``_total``, OpenMetrics without (and a
 ``# UNIT bytes`` line for the byte counters).
@@ -103,6 +105,7 @@ class NodeCollector(Collector):
             "runnel_metadata_brokers_unfenced", "Unfenced brokers in the image", labels, node_id,
             len(image.unfenced_broker_ids()),
         )  # fmt: skip
+        yield from _raft_limits(node, labels, node_id)
         if node.controller is not None:
             yield _gauge(
                 "runnel_controller_active", "1 on the active controller", labels, node_id,
@@ -121,6 +124,28 @@ class NodeCollector(Collector):
             yield state
         if node.kafka is not None:
             yield from _kafka_metrics(node, node_id)
+
+
+def _raft_limits(node: RunnelNode, labels: list[str], node_id: str) -> Iterator[Metric]:
+    """What the Raft inbox dropped and the transport's learned peers (docs/raft.md)."""
+    drops = CounterMetricFamily(
+        "runnel_raft_inbox_drops_total",
+        "Received Raft messages dropped so far: the inbox held its most messages or bytes",
+        labels=[*labels, "reason"],
+    )
+    drops.add_metric([node_id, "count"], float(node.raft.inbox_full_drops))
+    drops.add_metric([node_id, "bytes"], float(node.raft.inbox_bytes_drops))
+    yield drops
+    transport = node.transport
+    yield _gauge(
+        "runnel_raft_learned_peers", "Peers known from their messages only (brokers), now",
+        labels, node_id, transport.learned_peer_count,
+    )  # fmt: skip
+    yield _counter(
+        "runnel_raft_learned_peers_forgotten_total",
+        "Learned peers forgotten so far: idle too long, or to make room at the cap",
+        labels, node_id, transport.forgotten_learned_peers,
+    )  # fmt: skip
 
 
 def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[Metric]:
@@ -148,6 +173,21 @@ def _kafka_metrics(node: RunnelNode, node_id: str) -> Iterator[Metric]:
     yield _gauge(
         "runnel_kafka_fetches_waiting", "Fetches parked for data now", labels, node_id,
         kafka.purgatory.waiting,
+    )  # fmt: skip
+    memory = kafka.request_memory
+    yield _gauge(
+        "runnel_kafka_request_memory_used_bytes",
+        "Request memory taken from the pool of queued_max_request_bytes now", labels, node_id,
+        memory.used_bytes,
+    )  # fmt: skip
+    yield _counter(
+        "runnel_kafka_request_memory_waits_total",
+        "Reads paused so far until request memory was given back", labels, node_id,
+        memory.waits,
+    )  # fmt: skip
+    yield _gauge(
+        "runnel_kafka_response_buffered_bytes", "Response bytes produced, not yet sent, now",
+        labels, node_id, sum(server.buffered_response_bytes() for server in servers),
     )  # fmt: skip
     yield from _request_metrics(kafka, labels, node_id)
     try:

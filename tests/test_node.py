@@ -28,26 +28,30 @@ def write_config(tmp_path: Path) -> tuple[Path, int, int]:
 
 
 # Counts since start-up are counters (``_total``); values "now" stay gauges.
-COUNTERS = tuple(
-    f"runnel_kafka_{name}_total"
-    for name in (
-        "connections_accepted", "connections_refused", "connections_closed",
-        "requests_received", "requests_served", "received_bytes", "sent_bytes",
-        "replica_fetches", "replica_full_fetches", "replica_fetch_session_errors",
-        "replica_appended_bytes", "replica_truncations", "replica_metadata_rests",
-        "isr_changes_proposed", "isr_changes_refused", "isr_change_requests",
-        "fetch_session_evictions", "fetch_session_expirations",
-    )
+COUNTERS = (
+    "runnel_raft_inbox_drops_total", "runnel_raft_learned_peers_forgotten_total",
+    *(
+        f"runnel_kafka_{name}_total"
+        for name in (
+            "connections_accepted", "connections_refused", "connections_closed",
+            "requests_received", "requests_served", "received_bytes", "sent_bytes",
+            "replica_fetches", "replica_full_fetches", "replica_fetch_session_errors",
+            "replica_appended_bytes", "replica_truncations", "replica_metadata_rests",
+            "isr_changes_proposed", "isr_changes_refused", "isr_change_requests",
+            "fetch_session_evictions", "fetch_session_expirations", "request_memory_waits",
+        )
+    ),
 )  # fmt: skip
 GAUGES = (
     "runnel_raft_epoch", "runnel_raft_role", "runnel_metadata_partitions",
-    "runnel_controller_active", "runnel_broker_state",
+    "runnel_controller_active", "runnel_broker_state", "runnel_raft_learned_peers",
     *(
         f"runnel_kafka_{name}"
         for name in (
             "connections_open", "fetches_waiting", "partitions", "leaders",
             "under_replicated_partitions", "under_min_isr_partitions", "partitions_following",
             "fetch_sessions", "fetch_session_partitions", "fetch_session_watched_partitions",
+            "request_memory_used_bytes", "response_buffered_bytes",
         )
     ),
 )  # fmt: skip
@@ -119,6 +123,8 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             assert 'runnel_kafka_partitions_following{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_replica_metadata_rests_total{node_id="1"} 0.0' in metrics
             assert 'runnel_kafka_isr_changes_proposed_total{node_id="1"} 0.0' in metrics
+            assert 'runnel_kafka_request_memory_waits_total{node_id="1"} 0.0' in metrics
+            assert 'runnel_raft_inbox_drops_total{node_id="1",reason="bytes"} 0.0' in metrics
             assert_types(metrics)
             # OpenMetrics (what Prometheus asks for first) names a counter's family without
             # _total, its samples with it, and gives byte counters their unit
