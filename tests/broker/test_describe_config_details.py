@@ -7,18 +7,18 @@ shown. Through the real dispatcher and codec, in process (test_dispatcher.py's h
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from test_describe_configs import broker, configure
 from test_dispatcher import ME, Harness
 
 from broker.protocol import ApiKey
 from controller import records as rec
 from controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS
-from controller.image import MetadataDelta
 from storage.config import LogConfig
+
+__all__ = ["broker"]  # the fixture
 
 TOPIC, BROKER = rec.ConfigResourceType.TOPIC, rec.ConfigResourceType.BROKER
 # Kafka's ConfigSource codes
@@ -78,20 +78,6 @@ KAFKA_BROKER_TYPES = {
     "min.insync.replicas": INT,
     "unclean.leader.election.enable": BOOLEAN,
 }
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path / "data", auto_create=False)
-    yield harness
-    harness.logs.shutdown()
-
-
-def configure(harness: Harness, *entries: tuple[rec.ConfigResourceType, str, str, str]) -> None:
-    delta = MetadataDelta(harness.image)
-    for offset, (kind, resource, name, value) in enumerate(entries, harness.image.offset + 1):
-        delta.replay(rec.config(kind, resource, name, value), offset)
-    harness.image = delta.apply()
 
 
 def with_log_section(harness: Harness, **changes: Any) -> None:

@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
-import struct
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
-import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_server import SIZE, WAIT_S, eventually, run
 
 from broker.connection import Chunk, FrameReader, MemoryPool
 from broker.context import BrokerSettings
@@ -30,8 +29,6 @@ from storage.config import LogConfig
 from storage.errors import InvariantViolation
 from storage.log_manager import LogManager
 
-WAIT_S = 10.0
-SIZE = struct.Struct(">i")
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -262,24 +259,6 @@ def test_a_reader_short_of_memory_gets_every_frame_intact_once_held_frames_are_r
 
 
 # -- a real listener ---------------------------------------------------------------------------
-
-
-def run(test: Callable[[], Coroutine[Any, Any, None]], loop: str = "asyncio") -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(test(), 3 * WAIT_S)
-
-    (uvloop.run if loop == "uvloop" else asyncio.run)(bounded())
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    try:
-        await asyncio.wait_for(poll(), WAIT_S)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def request(op: bytes, rid: int, size: int) -> bytes:
