@@ -173,6 +173,11 @@ class SimConfig:
     # (broker/handlers/produce.py): here up to this many ms later, so that ISR changes land
     # in between. 0, the default, asks at once and leaves every seed's history as it was
     produce_commit_delay_max_ms: int = 0
+    # the controller may elect an out-of-sync replica when no ISR member is alive (Kafka's
+    # unclean.leader.election.enable): records only the old ISR had may be lost, and the
+    # checks of the log are taken afresh from the new leader's log (``_new_era``). False, the
+    # default, leaves every seed's history as it was
+    unclean_leader_election: bool = False
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -229,6 +234,7 @@ class SimResult:
     isr_changes: int = 0
     quiet_skips: int = 0  # partitions session fetches skipped as watched (fetch_sessions)
     truncations: int = 0
+    unclean_elections: int = 0  # taken over by their new leaders (unclean_leader_election)
     values_sent: int = 0
     values_acked: int = 0
     values_read: int = 0
@@ -304,9 +310,15 @@ class ModelController:
     ``version`` once (one committed metadata batch)."""
 
     def __init__(
-        self, states: Sequence[PState], broker_ids: Sequence[int], session_timeout_ms: int
+        self,
+        states: Sequence[PState],
+        broker_ids: Sequence[int],
+        session_timeout_ms: int,
+        unclean: bool = False,
     ) -> None:
         self.partitions = list(states)
+        self.unclean = unclean
+        self.unclean_epochs: dict[int, list[int]] = {}  # pid -> leader epochs elected unclean
         self.brokers = {b: BrokerReg(b, False, 1, 0) for b in broker_ids}
         self.last_heartbeat_ms = dict.fromkeys(broker_ids, 0)
         self.next_broker_epoch = max(broker_ids) + 1
@@ -343,7 +355,7 @@ class ModelController:
             return reg.epoch
         if now_ms - self.last_heartbeat_ms[broker] <= self.session_timeout_ms:
             return -1
-        self._remove_from_partitions(broker)
+        self._remove_from_partitions(broker, unclean=False)  # never for a new incarnation
         epoch, self.next_broker_epoch = self.next_broker_epoch, self.next_broker_epoch + 1
         self.brokers[broker] = BrokerReg(epoch, True, incarnation, self.version + 1)
         self.last_heartbeat_ms[broker] = now_ms
@@ -369,7 +381,7 @@ class ModelController:
             and now_ms - self.last_heartbeat_ms[b] > self.session_timeout_ms
         ]
         for broker in expired:
-            self._remove_from_partitions(broker)
+            self._remove_from_partitions(broker, self.unclean)
             self.brokers[broker] = self.brokers[broker]._replace(fenced=True)
             self._dirty = True
         self._commit()
@@ -410,9 +422,10 @@ class ModelController:
         return ""
 
     # -- decisions -------------------------------------------------------------------------
-    def _remove_from_partitions(self, broker: int) -> None:
+    def _remove_from_partitions(self, broker: int, unclean: bool) -> None:
         """``broker`` leaves every ISR where it is not the last member; where it led, the
-        first alive ISR member leads, or nobody (elections.remove_from_partitions)."""
+        first alive ISR member leads, or, with ``unclean``, the first alive replica (the
+        whole ISR then), or nobody (elections.remove_from_partitions)."""
         alive = self.alive() - {broker}
         for pid, p in enumerate(self.partitions):
             if broker not in p.isr:
@@ -421,17 +434,36 @@ class ModelController:
             leader = p.leader
             if leader == broker:
                 leader = choose_leader(p.replicas, isr, alive)
+                if leader == NO_LEADER and unclean:
+                    self._elect_unclean(pid, alive, isr)
+                    continue
             self._change(pid, leader, isr)
 
     def _unfence(self, broker: int) -> None:
-        """Unfenced, it leads the leaderless partitions whose ISR holds it
+        """Unfenced, it leads the leaderless partitions whose ISR holds it and, with unclean
+        election, those of which it is a replica and no ISR member is alive
         (elections.unfence_broker)."""
         self.brokers[broker] = self.brokers[broker]._replace(fenced=False)
         self._dirty = True
         alive = self.alive()
         for pid, p in enumerate(self.partitions):
-            if p.leader == NO_LEADER and broker in p.isr:
+            if p.leader != NO_LEADER:
+                continue
+            if broker in p.isr:
                 self._change(pid, choose_leader(p.replicas, p.isr, alive), p.isr)
+            elif self.unclean and broker in p.replicas and not alive.intersection(p.isr):
+                self._elect_unclean(pid, alive, p.isr)
+
+    def _elect_unclean(self, pid: int, alive: frozenset[int], isr: tuple[int, ...]) -> None:
+        """The first alive replica leads, alone in the ISR (placement.choose_leader with
+        unclean election); if none is alive, nobody leads and the ISR is ``isr``."""
+        p = self.partitions[pid]
+        leader = next((r for r in p.replicas if r in alive), NO_LEADER)
+        if leader == NO_LEADER:
+            self._change(pid, NO_LEADER, isr)
+            return
+        self._change(pid, leader, (leader,))
+        self.unclean_epochs.setdefault(pid, []).append(self.partitions[pid].leader_epoch)
 
     def _change(self, pid: int, leader: int, isr: tuple[int, ...]) -> None:
         p = self.partitions[pid]
@@ -697,7 +729,10 @@ class Simulation:
         broker_ids = list(range(1, config.brokers + 1))
         self.brokers = {b: SimBroker(b, self.directory / f"broker-{b}") for b in broker_ids}
         self.controller = ModelController(
-            self._initial_states(), broker_ids, config.session_timeout_ms
+            self._initial_states(),
+            broker_ids,
+            config.session_timeout_ms,
+            unclean=config.unclean_leader_election,
         )
         self.log_config = LogConfig(
             segment_bytes=config.segment_bytes,
@@ -721,6 +756,9 @@ class Simulation:
         self.committed: list[list[BatchId]] = [[] for _ in range(config.partitions)]
         self.acked: list[dict[bytes, Ack]] = [{} for _ in range(config.partitions)]
         self.observed: list[dict[int, bytes | None]] = [{} for _ in range(config.partitions)]
+        # the leader epoch of each partition's last unclean election its leader has applied:
+        # the checks of the log start afresh from there (``_new_era``)
+        self.era_epoch = [0] * config.partitions
 
     def _initial_states(self) -> list[PState]:
         n, rf = self.config.brokers, self.config.replicas_per_partition
@@ -1022,11 +1060,47 @@ class Simulation:
         before = (partition.role, partition.leader_id, partition.leader_epoch)
         if state.leader == broker.broker_id:
             partition.make_leader(state, now_ms=self.now)
+            epoch = partition.leader_epoch
+            if epoch > self.era_epoch[pid] and epoch in self.controller.unclean_epochs.get(pid, ()):
+                self._new_era(broker, pid, epoch)
         else:
             partition.make_follower(state)
         if before != (partition.role, partition.leader_id, partition.leader_epoch):
             self._note(f"b{broker.broker_id}", f"p{pid} {partition!r} isr {partition.isr}")
             self._roles_changed(broker, pid, partition)
+
+    def _new_era(self, broker: SimBroker, pid: int, epoch: int) -> None:
+        """An out-of-sync replica leads after an unclean election: its log is the partition's
+        now, all of it (alone in the ISR, its HW reaches its log end), and what the old ISR had
+        beyond it is lost. The committed log, what consumers read and the acknowledgements
+        to hold are taken afresh from here; replicas and deposed leaders still on an older
+        epoch are not held to the new log until they fetch from this era (``_old_era``)."""
+        self.era_epoch[pid] = epoch
+        self.committed[pid] = list(broker.mirrors[pid].ids)
+        for other in self.brokers.values():
+            if pid in other.mirrors:
+                other.mirrors[pid].verified = 0
+        self.observed[pid] = {}
+        self.result.unclean_elections += 1
+        self._note(
+            f"b{broker.broker_id}",
+            f"p{pid} leads at epoch {epoch} after an unclean election: a new era of its log",
+        )
+
+    def _old_era(self, pid: int, partition: Partition) -> bool:
+        """The replica has not fetched from the current era's leader yet (its latest epoch
+        is older, or it leads at an older epoch unaware it was deposed), or an unclean
+        election is decided and its leader has not taken over yet: its log may hold records
+        the new era lost."""
+        era = self.era_epoch[pid]
+        if self.controller.unclean_epochs.get(pid, [0])[-1] > era:
+            return True  # decided, not applied: the old era's checks still run elsewhere
+        if era == 0:
+            return False  # no unclean election so far: every check applies
+        if partition.is_leader:
+            return partition.leader_epoch < era
+        latest = partition.log.epoch_cache.latest_epoch  # None: an empty log holds nothing old
+        return latest is not None and latest < era
 
     def _roles_changed(self, broker: SimBroker, pid: int, partition: Partition) -> None:
         """Parked fetches answer now; a follower (again, or of a new leader or epoch) fetches
@@ -1144,6 +1218,7 @@ class Simulation:
         position costs only wasted answers and rests, so it is checked here, not left to
         liveness)."""
         hw_before = partition.high_watermark
+        before_new_era = self._old_era(pid, partition)
         if answer.error == NO_ERROR and answer.diverging is None and answer.records:
             first = int.from_bytes(answer.records[:8], "big", signed=True)
             if first != partition.log_end_offset:
@@ -1169,7 +1244,7 @@ class Simulation:
         if truncated:
             self.result.truncations += 1
             self._note(f"b{broker.broker_id}", f"p{pid} {done}")
-            if done.log_end_after < hw_before:
+            if done.log_end_after < hw_before and not before_new_era:
                 self._fail(
                     f"broker {broker.broker_id} truncated partition {pid} to "
                     f"{done.log_end_after}, below its high watermark {hw_before} ({answer!r})"
@@ -1492,9 +1567,12 @@ class Simulation:
             leaders = [b for b in holders if b.partitions[pid].is_leader]
             for broker in leaders:
                 self._check_leader_hw(broker, pid)
-                self._check_prefix(broker, pid, broker.partitions[pid].high_watermark, True)
+                if not self._old_era(pid, broker.partitions[pid]):
+                    self._check_prefix(broker, pid, broker.partitions[pid].high_watermark, True)
             isr = self.controller.partitions[pid].isr
             for broker in holders:
+                if self._old_era(pid, broker.partitions[pid]):
+                    continue  # unclean election: held to the new era's log once it fetches
                 if broker.broker_id in isr and not self._lost_unregistered(broker):
                     self._check_isr_member(broker, pid)
                 if broker not in leaders:
@@ -1597,6 +1675,7 @@ class Simulation:
         pid = rng.randrange(config.partitions)
         leaders = [b for b in self._running() if pid in b.partitions]
         leaders = [b for b in leaders if b.partitions[pid].is_leader]
+        leaders = [b for b in leaders if not self._old_era(pid, b.partitions[pid])]
         if not leaders:
             return
         partition = rng.choice(leaders).partitions[pid]
@@ -1858,6 +1937,8 @@ class Simulation:
             if len(offsets) > 1:
                 self._fail(f"p{pid}: {value!r} is in the log {len(offsets)} times: {offsets}")
         for value, ack in self.acked[pid].items():
+            if ack.leader_epoch < self.era_epoch[pid]:
+                continue  # acknowledged before an unclean election: it may be lost
             if at.get(value) != [ack.offset]:
                 self._fail(
                     f"p{pid}: {value!r} acknowledged at offset {ack.offset} by broker "

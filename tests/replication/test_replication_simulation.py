@@ -56,6 +56,7 @@ from storage.log import Log
 CHUNK = 10
 SESSIONS = SimConfig(brokers=4, partitions=6, replication_factor=3, fetch_sessions=True)
 PRODUCE_GAP = SimConfig(produce_commit_delay_max_ms=3)
+UNCLEAN = SimConfig(partitions=2, unclean_leader_election=True)
 # Seeds 2, 8 and 9 of "3-brokers" found a lost-ack bug (a leader whose AlterPartition answer
 # was lost dropped its pending ISR while the controller had committed it; see
 # broker/alter_partition.py): they run with the others, as the regression test.
@@ -76,6 +77,10 @@ SHAPES = {
     # to 3 ms: an ISR shrink in between once had a record acknowledged by the leader alone
     # (replication/partition.py await_commit); of these seeds, 4 and 6 fail with that rule
     "produce-gap": (PRODUCE_GAP, 10),
+    # unclean leader election: with no ISR member alive the first alive replica leads and
+    # the others truncate to its log; acknowledged records may be lost, nothing else may go
+    # wrong (the checks start afresh from its log: Simulation._new_era)
+    "unclean": (UNCLEAN, 10),
 }
 
 # Seeds that soaks beyond the fixed ones found failing, run as regression tests. Failovers
@@ -325,15 +330,18 @@ def _real_cluster(brokers: int, states: list[PState]) -> MetadataImage:
 class _Pair:
     """The same operations on the real controller's rules and on ``ModelController``."""
 
-    def __init__(self, brokers: int, states: list[PState]) -> None:
+    def __init__(self, brokers: int, states: list[PState], unclean: bool = False) -> None:
         self.image = _real_cluster(brokers, states)
-        self.model = ModelController(states, list(range(1, brokers + 1)), SESSION_MS)
+        self.unclean = unclean
+        broker_ids = list(range(1, brokers + 1))
+        self.model = ModelController(states, broker_ids, SESSION_MS, unclean=unclean)
         self.generation = dict.fromkeys(range(1, brokers + 1), 1)
 
     def fence(self, broker: int) -> None:
         if self.image.brokers[broker].fenced:
             return
-        self.image = _replay(self.image, elections.fence_broker(self.image, broker, False))
+        fence = elections.fence_broker(self.image, broker, self.unclean)
+        self.image = _replay(self.image, fence)
         for b in self.model.last_heartbeat_ms:
             self.model.last_heartbeat_ms[b] = NOW_MS
         self.model.last_heartbeat_ms[broker] = NOW_MS - SESSION_MS - 1
@@ -342,7 +350,8 @@ class _Pair:
     def unfence(self, broker: int) -> None:
         if not self.image.brokers[broker].fenced:
             return
-        self.image = _replay(self.image, elections.unfence_broker(self.image, broker))
+        unfence = elections.unfence_broker(self.image, broker, self.unclean)
+        self.image = _replay(self.image, unfence)
         epoch = self.model.brokers[broker].epoch
         self.model.heartbeat(broker, epoch, self.model.version, NOW_MS)
 
@@ -427,15 +436,16 @@ _OPS = st.tuples(
     brokers=st.integers(min_value=3, max_value=5),
     partitions=st.integers(min_value=1, max_value=2),
     ops=st.lists(_OPS, max_size=25),
+    unclean=st.booleans(),
 )
 def test_the_model_controller_decides_as_the_real_one(
-    brokers: int, partitions: int, ops: list[tuple[str, int, int, list[int], str]]
+    brokers: int, partitions: int, ops: list[tuple[str, int, int, list[int], str]], unclean: bool
 ) -> None:
     states = []
     for pid in range(partitions):
         replicas = tuple((pid + i) % brokers + 1 for i in range(3))
         states.append(PState(replicas, replicas, replicas[0], 0, 0))
-    pair = _Pair(brokers, states)
+    pair = _Pair(brokers, states, unclean)
     for op, broker, pid, new_isr, stale in ops:
         broker, pid = (broker - 1) % brokers + 1, pid % partitions
         proposed = [(b - 1) % brokers + 1 for b in new_isr]
@@ -463,3 +473,25 @@ def test_failovers_happen_and_give_every_session_a_fresh_timeout() -> None:
     config = SHAPES["failovers"][0]
     failovers = sum(run_seed(seed, config).controller_failovers for seed in range(3))
     assert failovers > 0
+
+
+def test_unclean_elections_happen_in_the_unclean_shape() -> None:
+    elected = sum(run_seed(seed, UNCLEAN).unclean_elections for seed in range(3))
+    assert elected > 0, "no unclean election taken over: the shape tests nothing new"
+
+
+def test_a_replica_that_will_not_truncate_below_its_hw_is_caught_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutant follower that never truncates below its HW (KIP-101's rule for a clean
+    history) keeps the records an unclean election lost: it never agrees with its new
+    leader again."""
+    truncate_to = Partition.truncate_to
+
+    def clamped(self: Partition, offset: int) -> bool:
+        return truncate_to(self, max(offset, self.high_watermark))
+
+    monkeypatch.setattr(Partition, "truncate_to", clamped)
+    for seed in (1, 6):  # each passes with the real rule
+        with pytest.raises(SimulationFailure, match="liveness"):
+            run_seed(seed, UNCLEAN)
