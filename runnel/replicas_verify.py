@@ -58,6 +58,9 @@ CONNECT_TIMEOUT_MS = 5_000
 CONTROLLER_LISTENER = "CONTROLLER"
 ReadCall = grpc.aio.UnaryStreamMultiCallable[rpb.ReadBatchesRequest, rpb.ReadBatchesChunk]
 _SILENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A broker at its concurrent-RPC bound refuses a call RESOURCE_EXHAUSTED before answering
+# anything: asked again after these waits (seconds), then reported like any other failure.
+BUSY_RETRY_S = (0.1, 0.3, 1.0, 3.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +157,23 @@ def _request(target: PartitionTarget, start: int | None, end: int | None) -> rpb
 
 
 async def _read_page(call: ReadCall, broker_id: int, request: rpb.ReadBatchesRequest) -> _Page:
-    batches: list[BatchMeta] = []
-    last: rpb.ReadBatchesChunk | None = None
-    try:
-        async for chunk in call(request, timeout=RPC_TIMEOUT_S):
-            if chunk.broker_id != broker_id:
-                raise _Unreadable(f"its address is served by broker {chunk.broker_id}")
-            batches.extend(BatchMeta(*_fields(b)) for b in chunk.batches)
-            last = chunk
-    except grpc.aio.AioRpcError as e:
-        raise _Unreadable(f"{e.code().name}: {e.details()}", silent=e.code() in _SILENT) from None
+    for wait_s in (*BUSY_RETRY_S, None):
+        batches: list[BatchMeta] = []
+        last: rpb.ReadBatchesChunk | None = None
+        try:
+            async for chunk in call(request, timeout=RPC_TIMEOUT_S):
+                if chunk.broker_id != broker_id:
+                    raise _Unreadable(f"its address is served by broker {chunk.broker_id}")
+                batches.extend(BatchMeta(*_fields(b)) for b in chunk.batches)
+                last = chunk
+            break
+        except grpc.aio.AioRpcError as e:
+            busy = e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and last is None
+            if busy and wait_s is not None:
+                await asyncio.sleep(wait_s)
+                continue
+            silent = e.code() in _SILENT
+            raise _Unreadable(f"{e.code().name}: {e.details()}", silent=silent) from None
     if last is None:
         raise _Unreadable("ReadBatches answered no chunk at all")
     # A page short of the end must get somewhere, or the replica would be asked forever.

@@ -576,3 +576,44 @@ def test_before_its_logs_are_open_a_node_is_not_serving_yet(tmp_path: Path) -> N
     error = run(main)
     assert error.code() is grpc.StatusCode.UNAVAILABLE
     assert error.details() == "broker 1 is not serving partitions yet"
+
+
+class _BusyThenServing:
+    """A ReadBatches call refused RESOURCE_EXHAUSTED (a broker at its RPC bound) ``refusals``
+    times, then answering one chunk."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.calls = refusals, 0
+
+    def __call__(self, request: rpb.ReadBatchesRequest, timeout: float) -> Any:
+        self.calls += 1
+        return self._stream()
+
+    async def _stream(self) -> Any:
+        if self.refusals:
+            self.refusals -= 1
+            metadata = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, metadata, metadata, details="busy"
+            )
+        yield rpb.ReadBatchesChunk(broker_id=1, high_watermark=0, end_reached=True)
+
+
+def test_a_replica_refused_as_busy_is_asked_again_then_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replicas_verify, "BUSY_RETRY_S", (0.0, 0.0))
+    request = rpb.ReadBatchesRequest()
+    read = replicas_verify._read_page
+
+    async def main() -> tuple[Any, _BusyThenServing, str]:
+        answered = _BusyThenServing(refusals=2)
+        page = await read(answered, 1, request)  # type: ignore[arg-type]
+        refused = _BusyThenServing(refusals=3)
+        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as caught:
+            await read(refused, 1, request)  # type: ignore[arg-type]
+        return (page, answered.calls), refused, str(caught.value)
+
+    (page, calls), refused, message = run(main)
+    assert page.end_reached and calls == 3
+    assert refused.calls == 3 and "busy" in message
