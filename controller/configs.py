@@ -383,13 +383,13 @@ _DESCRIBED: Mapping[str, tuple[ConfigType, str]] = {
     ),
     "message.timestamp.after.max.ms": (
         _L,
-        "How far past the leader's clock a CreateTime batch's first and largest timestamps may "
-        "be; beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
+        "How far past the leader's clock a CreateTime batch's largest timestamp may be; "
+        "beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
     ),
     "message.timestamp.before.max.ms": (
         _L,
-        "How far before the leader's clock a CreateTime batch's first and largest timestamps "
-        "may be; beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
+        "How far before the leader's clock a CreateTime batch's first timestamp may be; "
+        "beyond it the batch is INVALID_TIMESTAMP. 9223372036854775807: no limit.",
     ),
     "message.timestamp.type": (
         _S,
