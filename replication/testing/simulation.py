@@ -1060,8 +1060,11 @@ class Simulation:
         before = (partition.role, partition.leader_id, partition.leader_epoch)
         if state.leader == broker.broker_id:
             partition.make_leader(state, now_ms=self.now)
-            epoch = partition.leader_epoch
-            if epoch > self.era_epoch[pid] and epoch in self.controller.unclean_epochs.get(pid, ()):
+            # A leader taking over after an unclean election not yet taken over: that
+            # election's (or a later clean one of the same replica, if it was fenced first)
+            epoch, era = partition.leader_epoch, self.era_epoch[pid]
+            unclean = self.controller.unclean_epochs.get(pid, ())
+            if epoch > era and any(era < u <= epoch for u in unclean):
                 self._new_era(broker, pid, epoch)
         else:
             partition.make_follower(state)

@@ -16,6 +16,7 @@ A long soak: ``REPLICATION_SIM_SOAK=500`` runs 500 seeds of each shape.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -495,3 +496,13 @@ def test_a_replica_that_will_not_truncate_below_its_hw_is_caught_with_its_seed(
     for seed in (1, 6):  # each passes with the real rule
         with pytest.raises(SimulationFailure, match="liveness"):
             run_seed(seed, UNCLEAN)
+
+
+def test_an_unclean_leader_fenced_before_it_took_over_starts_the_new_era_when_reelected() -> None:
+    """Seed 37 with sessions (a soak, 2026-11-24): broker 4 was elected uncleanly at leader
+    epoch 1, fenced before it applied that, and elected again (cleanly: the ISR was itself)
+    at epoch 3. The new era must start there; the checker once started it only at an epoch
+    elected uncleanly, and failed the seed at the end ("the final log does not start with
+    the committed log")."""
+    config = dataclasses.replace(SESSIONS, unclean_leader_election=True)
+    assert session_testing.run_seed(37, config).unclean_elections > 0
