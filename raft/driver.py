@@ -15,8 +15,8 @@ Blocking file work (fsync) runs in a worker thread so the loop keeps serving.
 Received messages wait in an inbox bounded by count (``MAX_INBOX_MESSAGES``) and by their
 estimated size in memory (``max_inbox_bytes``, ``envelope_bytes``); one that does not fit is
 dropped (Raft tolerates a lost message), counted, and logged at most every
-``DROP_LOG_INTERVAL_S``. An inbox holding nothing takes any message, so one larger than
-the bound is never refused for ever.
+``LOG_INTERVAL_S`` (``raft.log_throttle``). An inbox holding nothing takes any message, so
+one larger than the bound is never refused for ever.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Protocol
 
 from raft.core import NotLeader, RaftConfig, RaftCore, RecordTooLarge, decode_records
 from raft.log_store import RaftLogStore
+from raft.log_throttle import LogThrottle, more
 from raft.messages import (
     Envelope,
     FetchResponse,
@@ -57,7 +58,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 APPLY_CHUNK_RECORDS = 2_000  # committed records applied before the Raft loop may run again
 MAX_INBOX_MESSAGES = 10_000  # received messages (and wake-ups) waiting for the loop
-DROP_LOG_INTERVAL_S = 10.0  # inbox drops are said at most this often, with a count
 # What a received message holds in memory besides its record or snapshot bytes, rounded up
 # from tracemalloc on decoded envelopes (Python 3.11): about 170-220 bytes for the envelope
 # and its payload, about 180 more for each batch.
@@ -142,12 +142,14 @@ class RaftNode:
         self._snapshots = SnapshotStore(directory / "snapshots")
         self._log = RaftLogStore(directory)
         # None: tick; an int: the transport says that node is unreachable
-        self._inbox: asyncio.Queue[Envelope | int | None] = asyncio.Queue(MAX_INBOX_MESSAGES)
+        # (a message, its envelope_bytes); an int: that node is unreachable; None: tick
+        self._inbox: asyncio.Queue[tuple[Envelope, int] | int | None] = asyncio.Queue(
+            MAX_INBOX_MESSAGES
+        )
         self.inbox_bytes = 0  # envelope_bytes of the envelopes in the inbox
         self.inbox_full_drops = 0  # received messages dropped: MAX_INBOX_MESSAGES reached
         self.inbox_bytes_drops = 0  # ... and dropped: max_inbox_bytes would be exceeded
-        self._drop_log_next_s = float("-inf")
-        self._drops_unlogged = 0
+        self._drop_log = LogThrottle()
         self._lock = asyncio.Lock()
         self._proposals: list[tuple[Sequence[bytes], asyncio.Future[int]]] = []  # not yet proposed
         self._pending: deque[tuple[int, asyncio.Future[int]]] = deque()  # by last offset
@@ -305,7 +307,7 @@ class RaftNode:
             self._dropped(envelope, f"{self.inbox_bytes} of max_inbox_bytes")
             return
         try:
-            self._inbox.put_nowait(envelope)
+            self._inbox.put_nowait((envelope, size))
         except asyncio.QueueFull:
             self.inbox_full_drops += 1
             self._dropped(envelope, f"{MAX_INBOX_MESSAGES} messages")
@@ -313,23 +315,17 @@ class RaftNode:
         self.inbox_bytes += size
 
     def _dropped(self, envelope: Envelope, why: str) -> None:
-        """Say an inbox drop, at most every ``DROP_LOG_INTERVAL_S`` with a count: a flood of
-        messages would otherwise flood the log too."""
-        now_s = time.monotonic()
-        if now_s < self._drop_log_next_s:
-            self._drops_unlogged += 1
-            return
-        _log.warning(
-            "raft %d: inbox full (%s), dropping %s from node %d (%d more dropped since the "
-            "last such line)",
-            self.config.node_id,
-            why,
-            type(envelope.payload).__name__,
-            envelope.source,
-            self._drops_unlogged,
-        )
-        self._drop_log_next_s = now_s + DROP_LOG_INTERVAL_S
-        self._drops_unlogged = 0
+        """Say an inbox drop, throttled: a flood of messages would otherwise flood the log."""
+        quiet = self._drop_log.ready(time.monotonic())
+        if quiet is not None:
+            _log.warning(
+                "raft %d: inbox full (%s), dropping %s from node %d%s",
+                self.config.node_id,
+                why,
+                type(envelope.payload).__name__,
+                envelope.source,
+                more(quiet),
+            )
 
     def _peer_unreachable(self, node_id: int) -> None:
         with contextlib.suppress(asyncio.QueueFull):
@@ -342,19 +338,20 @@ class RaftNode:
     async def _run(self) -> None:
         while True:
             delay_ms = max(0, self._core.next_deadline_ms - _now_ms())
-            envelope: Envelope | int | None = None
+            item: tuple[Envelope, int] | int | None = None
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that races with a completed get(), and close() would wait forever.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay_ms / 1000):
-                    envelope = await self._inbox.get()
+                    item = await self._inbox.get()
             async with self._lock:
-                if envelope is None:
+                if item is None:
                     ready = self._core.tick(_now_ms())
-                elif isinstance(envelope, int):
-                    ready = self._core.peer_unreachable(envelope, _now_ms())
+                elif isinstance(item, int):
+                    ready = self._core.peer_unreachable(item, _now_ms())
                 else:
-                    self.inbox_bytes -= envelope_bytes(envelope)
+                    envelope, size = item
+                    self.inbox_bytes -= size
                     ready = self._core.step(envelope, _now_ms())
                 await self._apply(ready)
                 if self._proposals:

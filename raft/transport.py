@@ -63,6 +63,7 @@ import grpc.aio
 
 from proto import raft_pb2 as pb
 from proto import raft_pb2_grpc
+from raft.log_throttle import LOG_INTERVAL_S, LogThrottle, more
 from raft.messages import Envelope
 from raft.wire import WireError, envelope_from_proto, envelope_to_proto
 
@@ -129,7 +130,6 @@ class Transport(Protocol):
 
 # A failing peer's channel is made anew at most this often when it is heard from.
 RECONNECT_ON_RECEIVE_MIN_INTERVAL_S = 0.1
-LOG_INTERVAL_S = 10.0  # a line about drops that can repeat without end: at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,30 +235,6 @@ class LearnedPeers:
         for node_id in expired:
             del self._heard[node_id]
         return expired
-
-
-class LogThrottle:
-    """At most one log line per ``interval_s`` for an event that can repeat without end (a
-    flood): the first is said at once; later ones are counted and the count is said with the
-    next line. Pure: the caller passes the time."""
-
-    def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
-        self.interval_s = interval_s
-        self._next_s = float("-inf")
-        self._quiet = 0
-
-    def ready(self, now_s: float) -> int | None:
-        """None: keep quiet (counted); else log now, and this many were kept quiet before."""
-        if now_s < self._next_s:
-            self._quiet += 1
-            return None
-        quiet, self._quiet = self._quiet, 0
-        self._next_s = now_s + self.interval_s
-        return quiet
-
-
-def _more(quiet: int) -> str:
-    return f" ({quiet} more since the last such line)" if quiet else ""
 
 
 class _State(Enum):
@@ -376,7 +352,7 @@ class GrpcTransport:
         quiet = self._logs["learned"].ready(now_s)
         if quiet is not None:
             log.info(
-                "node %d: node %d replies at %s%s", self.node_id, node_id, address, _more(quiet)
+                "node %d: node %d replies at %s%s", self.node_id, node_id, address, more(quiet)
             )
         self.add_peer(node_id, address)
 
@@ -428,7 +404,7 @@ class GrpcTransport:
                 node_id,
                 peer.address,
                 self._learned.max_peers,
-                _more(quiet),
+                more(quiet),
             )
         else:
             log.info(
@@ -437,7 +413,7 @@ class GrpcTransport:
                 node_id,
                 peer.address,
                 self._learned.max_idle_s,
-                _more(quiet),
+                more(quiet),
             )
 
     def _drop_peer(self, peer: _Peer) -> None:
@@ -510,7 +486,7 @@ class GrpcTransport:
             quiet = self._logs["unknown"].ready(time.monotonic())
             if quiet is not None:
                 log.warning(
-                    "node %d: no address for %s%s", self.node_id, _describe(envelope), _more(quiet)
+                    "node %d: no address for %s%s", self.node_id, _describe(envelope), more(quiet)
                 )
             return
         if peer.offer(envelope_to_proto(envelope)):
@@ -615,7 +591,7 @@ class GrpcTransport:
             quiet = self._logs["learned-peer"].ready(time.monotonic())
             if quiet is None:
                 return
-            message += _more(quiet)
+            message += more(quiet)
         log.log(level, "node %d: " + message, self.node_id, *args)
 
     def _misrouted(self, destination: int) -> None:
@@ -623,7 +599,7 @@ class GrpcTransport:
         quiet = self._logs["misrouted"].ready(time.monotonic())
         if quiet is not None:
             log.warning(
-                "node %d: got a message for node %d%s", self.node_id, destination, _more(quiet)
+                "node %d: got a message for node %d%s", self.node_id, destination, more(quiet)
             )
 
     def _from_own_id(self, peer: str) -> None:
@@ -635,7 +611,7 @@ class GrpcTransport:
                 self.node_id,
                 self.node_id,
                 peer,
-                _more(quiet),
+                more(quiet),
             )
 
     def _deliver(self, envelope: Envelope) -> None:
