@@ -110,6 +110,7 @@ __all__ = [
     "describe_cluster",
     "canonical_value",
     "describe_topic_configs",
+    "stored_resource_name",
     "incremental_alter_configs",
     "topic_log_config",
     "validate_topic_configs",
@@ -744,12 +745,16 @@ def _list_change(
     return _canonical_value(change.name, ",".join(items), kind)
 
 
-def _stored_name(resource: cpb.AlterConfigsResource) -> str:
-    """The name a resource's entries are kept under: a broker id as ``str(id)``."""
-    name = resource.resource_name
-    if resource.resource_type == int(BROKER) and (broker_id := broker_id_of(name)) is not None:
+def stored_resource_name(resource_type: int, name: str) -> str:
+    """The name a config resource's entries are kept under: a broker id as ``str(id)``
+    ("0101" is "101"), any other name as given. The broker forwards alters under it."""
+    if resource_type == int(BROKER) and (broker_id := broker_id_of(name)) is not None:
         return str(broker_id)
     return name
+
+
+def _stored_name(resource: cpb.AlterConfigsResource) -> str:
+    return stored_resource_name(resource.resource_type, resource.resource_name)
 
 
 def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> ConfigResourceType:

@@ -42,7 +42,7 @@ from broker.handlers.topic_configs import (
 )
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
-from controller.configs import broker_id_of, canonical_value
+from controller.configs import broker_id_of, canonical_value, stored_resource_name
 from controller.image import MetadataImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
@@ -265,9 +265,4 @@ def _alter_resource(resource: Any, configs: list[cpb.AlterableConfig]) -> cpb.Al
 
 
 def _stored_name(resource: Any) -> str:
-    """The name a resource's entries are kept under: a broker's id as ``str(id)`` ("0101" is
-    broker 101's, which ``_preprocess`` has checked), any other name as given."""
-    name: str = resource.resource_name
-    if resource.resource_type == BROKER and name:
-        return str(broker_id_of(name))
-    return name
+    return stored_resource_name(resource.resource_type, resource.resource_name)
