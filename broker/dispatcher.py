@@ -3,7 +3,8 @@
 How this works. For each frame the listener hands over, the request header is decoded, the
 API and version checked against what ApiVersions advertises, the body decoded and the API's
 handler (``broker/handlers``) called; its reply, ready or awaitable, is encoded with the
-response header of the request's version. A frame that does not decode raises
+response header of the request's version. Nothing decoded refers to the frame once the
+handler has returned (``frames_in_flight``). A frame that does not decode raises
 ``ProtocolError`` and the listener closes that connection (it logs why). An API or version
 runnel does not serve is answered UNSUPPORTED_VERSION: for ApiVersions with a version 0 body
 that lists what is supported (KIP-511, so the client can retry with a version it shares), for
@@ -44,6 +45,12 @@ _UNSUPPORTED = struct.Struct(">iih")  # size, correlation id, error code
 
 class KafkaDispatcher:
     """Decodes, routes and encodes; one per broker, shared by every connection."""
+
+    # Done with a frame when ``handle`` returns (the listener reuses its memory while the
+    # request waits, as Kafka releases a request's buffer when its handler returns): the
+    # decoder copies every field but ``records``, which only Produce requests carry, and
+    # Produce appends them before it returns (acks=-1 then waits for the high watermark).
+    frames_in_flight = False
 
     def __init__(
         self, context: BrokerContext, handlers: Mapping[int, Handler] | None = None

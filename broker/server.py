@@ -21,7 +21,9 @@ splits frames and writes responses (byte parts with one ``sendmsg``, ``FileSlice
   ``queued_max_request_bytes``, shared by a broker's listeners (as Kafka's pool is). A
   connection whose next read needs memory the pool cannot give now stops reading until the
   pool grants it (in order of asking); the bytes go back when the request is answered or
-  fails and when the connection closes, mid-frame or with requests in flight.
+  fails and when the connection closes, mid-frame or with requests in flight. A handler done
+  with its frames when ``handle`` returns (``frames_in_flight = False``: the Kafka dispatcher)
+  pins nothing: a request waiting for its answer holds no request memory.
 - closing: EOF between frames or a reset (DEBUG), EOF mid-frame (WARNING), a bad size
   prefix, ``CloseConnection`` or a ValueError from the handler (WARNING with peer and reason),
   any other handler error (ERROR with traceback), no traffic and nothing in flight for
@@ -96,9 +98,18 @@ class RequestHandler(Protocol):
     ) -> Response | Awaitable[Response]:
         """Answer one request. ``frame`` is the request without its size prefix; it stays
         valid until the response is produced, not after (a response must not contain views of
-        it). Called synchronously in arrival order; return the response, or an awaitable of it
+        it), or, for a handler whose ``frames_in_flight`` is False, until ``handle`` returns.
+        Called synchronously in arrival order; return the response, or an awaitable of it
         for a slow request. Raise ``CloseConnection`` (or a ValueError) to drop the client."""
         ...
+
+
+def keeps_frames_in_flight(handler: RequestHandler) -> bool:
+    """Whether ``handler``'s awaitables may read their frames until done (the default). A
+    handler that sets ``frames_in_flight = False`` is done with a frame when ``handle``
+    returns: its memory is reused, and given back to the pool, while the request waits (as
+    Kafka releases a request's buffer when its handler returns, before acks=-1 completes)."""
+    return bool(getattr(handler, "frames_in_flight", True))
 
 
 class CloseConnection(Exception):
@@ -158,6 +169,7 @@ class _Connection:
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
         self._handler = server.handler
+        self._keep_frames = keeps_frames_in_flight(server.handler)
         self._max_in_flight = config.max_in_flight_requests_per_connection
         self._max_buffered_bytes = config.max_buffered_response_bytes_per_connection
         self._reader = FrameReader(
@@ -277,16 +289,17 @@ class _Connection:
             else:
                 future = asyncio.ensure_future(result)
                 self._in_flight += 1
-                FrameReader.retain(chunk)
+                held = chunk if self._keep_frames else None
+                FrameReader.retain(held)
                 self.pending.add(future)
-                callback = functools.partial(self._on_done, self._out.reserve(), chunk)
+                callback = functools.partial(self._on_done, self._out.reserve(), held)
                 future.add_done_callback(callback)
         except Exception as exc:
             self._fail(exc)
         if chunk.charged:  # a big frame's own buffer: back to the pool unless in flight
             chunk.settle()
 
-    def _on_done(self, slot: Slot, chunk: Chunk, future: asyncio.Future[Response]) -> None:
+    def _on_done(self, slot: Slot, chunk: Chunk | None, future: asyncio.Future[Response]) -> None:
         self.pending.discard(future)
         FrameReader.release(chunk)  # the handler is done with the frame, closed or not
         if self._closed:

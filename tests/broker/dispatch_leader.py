@@ -114,7 +114,7 @@ class DispatchLeader:
         """The reply: decoded now, or an awaitable of the decoded response."""
         reply = self.handle(api_key, version, body)
         if inspect.isawaitable(reply):
-            return _decoded_later(api_key, version, reply)
+            return decoded_later(api_key, version, reply)
         return _decoded(api_key, version, reply)
 
     def produce(
@@ -174,7 +174,7 @@ def _decoded(api_key: int, version: int, reply: Any) -> Any:
     return decode_response(api_key, version, memoryview(data)[4:])[1]
 
 
-async def _decoded_later(api_key: int, version: int, reply: Any) -> Any:
+async def decoded_later(api_key: int, version: int, reply: Any) -> Any:
     return _decoded(api_key, version, await asyncio.wait_for(reply, 10))
 
 

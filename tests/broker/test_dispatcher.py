@@ -22,7 +22,8 @@ from support import make_batch
 from broker.context import BrokerContext, BrokerSettings
 from broker.dispatcher import KafkaDispatcher
 from broker.producer_ids import ProducerIdManager
-from broker.protocol import ApiKey, ErrorCode, decode_response, encode_request
+from broker.protocol import API_SPECS, ApiKey, ErrorCode, decode_response, encode_request
+from broker.protocol.schema import RECORDS, Array, Struct
 from broker.purgatory import FetchPurgatory
 from broker.replica_manager import ReplicaManager
 from broker.server import CloseConnection, ConnectionInfo
@@ -320,3 +321,21 @@ def test_fetch_sessions_open_and_refuse_unknown_sessions(broker: Harness) -> Non
     assert fetch(0, 3, []).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND  # 0: no session
     old = fetch(0, 0, [0], version=6)  # before sessions: always sessionless, in full
     assert [p.partition_index for p in old.responses[0].partitions] == [0]
+
+
+def _struct_types(struct: Struct) -> Iterator[object]:
+    for f in struct.fields:
+        item = f.type.item if isinstance(f.type, Array) else f.type
+        if isinstance(item, Struct):
+            yield from _struct_types(item)
+        else:
+            yield item
+
+
+def test_only_produce_requests_keep_views_of_their_frame() -> None:
+    """The dispatcher says it is done with a frame when handle returns (the listener then
+    reuses its memory while the request waits): the decoder copies every field but records,
+    and Produce, the only request carrying them, appends them before it returns."""
+    assert KafkaDispatcher.frames_in_flight is False
+    with_records = {k for k, spec in API_SPECS.items() if RECORDS in _struct_types(spec.request)}
+    assert with_records == {ApiKey.PRODUCE}

@@ -15,10 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dispatch_leader import FETCH_V, FOLLOWER, DispatchLeader, orders_image, values
+from dispatch_leader import (
+    CONNECTION,
+    FETCH_V,
+    FOLLOWER,
+    PRODUCE_V,
+    DispatchLeader,
+    decoded_later,
+    orders_image,
+    values,
+)
+from support import make_batch
 
 from broker.awaited_followers import SHORT_POLL_MS
-from broker.protocol import ApiKey, ErrorCode
+from broker.protocol import ApiKey, ErrorCode, encode_request
 
 
 class Leader(DispatchLeader):
@@ -67,6 +77,34 @@ def test_acks_all_completes_when_the_follower_s_fetch_passes_the_batch(leader: L
         answer = only(await produced)
         assert (answer.error_code, answer.base_offset) == (ErrorCode.NONE, 0)
         assert values(only(leader.fetch(0, replica_id=-1)).records) == [b"a", b"b"]
+
+    asyncio.run(main())
+
+
+def test_an_acks_all_produce_is_done_with_its_frame_when_handle_returns(leader: Leader) -> None:
+    """The listener reuses a frame's memory once the dispatcher returns (frames_in_flight is
+    False): a produce waiting for the follower must not read its request bytes again."""
+
+    async def main() -> None:
+        assert leader.dispatcher.frames_in_flight is False
+        body = {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 10_000,
+            "topic_data": [
+                {"name": "orders", "partition_data": [{"index": 0, "records": make_batch([b"a"])}]}
+            ],
+        }
+        parts = encode_request(ApiKey.PRODUCE, PRODUCE_V, 7, "test", body)
+        buffer = bytearray(b"".join(bytes(p) for p in parts))  # type: ignore[arg-type]
+        reply = leader.dispatcher.handle(memoryview(buffer)[4:], CONNECTION)
+        buffer[:] = bytes(len(buffer))  # the next request written over it
+        produced = asyncio.ensure_future(decoded_later(ApiKey.PRODUCE, PRODUCE_V, reply))
+        assert only(leader.fetch(0)).high_watermark == 0
+        assert only(leader.fetch(1)).high_watermark == 1
+        answer = only(await produced)
+        assert (answer.error_code, answer.base_offset) == (ErrorCode.NONE, 0)
+        assert values(only(leader.fetch(0, replica_id=-1)).records) == [b"a"]
 
     asyncio.run(main())
 

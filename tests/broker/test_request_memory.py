@@ -501,6 +501,46 @@ def test_small_requests_in_flight_pin_chunks_that_count_against_the_budget(loop:
     run(test, loop)
 
 
+class DoneAtReturn(Handler):
+    """A handler that is done with its frames when ``handle`` returns (as the Kafka
+    dispatcher is): W reads only the size before it waits."""
+
+    frames_in_flight = False
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_waiting_for_its_answer_holds_no_memory_when_its_frame_is_done_at_return(
+    loop: str,
+) -> None:
+    """An acks=-1 produce waiting for followers holds no request memory (Kafka frees at
+    handler return): another connection's big frame is read while it waits."""
+
+    async def test() -> None:
+        handler = DoneAtReturn()
+        server = await started(handler, socket_request_max_bytes=MIB, queued_max_request_bytes=MIB)
+        pool = server.memory_pool
+        slow, other = await Client.connect(server.port), await Client.connect(server.port)
+        await slow.send(request(b"W", 1, MIB))
+        await eventually(lambda: handler.calls == 1, "the slow request handled")
+        await eventually(lambda: pool.used_bytes == 0, "its frame given back while it waits")
+        await other.send(request(b"A", 2, MIB))
+        assert await other.receive() == (2, MIB)  # read and answered while 1 still waits
+        await other.send(request(b"W", 3, 16) + request(b"A", 4, 900))
+        await eventually(lambda: handler.calls == 4, "a small waiting request and the next")
+        # A chunk holding a waiting request's frame is written over, not pinned and charged.
+        assert pool.used_bytes == 0
+        handler.open_gate(3)
+        assert [await other.receive() for _ in range(2)] == [(3, 16), (4, 900)]
+        handler.open_gate(1)
+        assert await slow.receive() == (1, MIB)
+        slow.close()
+        other.close()
+        await server.close()
+        assert (pool.used_bytes, pool.waiting) == (0, 0)
+
+    run(test, loop)
+
+
 def test_a_connection_waiting_for_memory_is_not_closed_as_idle() -> None:
     async def test() -> None:
         handler = Handler()
