@@ -21,6 +21,7 @@ from support import make_batch
 
 from broker.context import BrokerContext, BrokerSettings
 from broker.dispatcher import KafkaDispatcher
+from broker.handlers.metadata import AUTO_CREATE_LIMIT
 from broker.producer_ids import ProducerIdManager
 from broker.protocol import API_SPECS, ApiKey, ErrorCode, decode_response, encode_request
 from broker.protocol.schema import RECORDS, Array, Struct
@@ -153,6 +154,28 @@ def test_auto_create_asks_the_controller_and_answers_leader_not_available(
     assert [(t.name, t.num_partitions, t.replication_factor) for t in request.topics] == [
         ("fresh", -1, -1)  # the controller's defaults
     ]
+
+
+def test_one_request_creates_at_most_the_limit_and_a_failed_creation_answers_its_error(
+    auto_creating: Harness,
+) -> None:
+    names = [f"t{i:03}" for i in range(AUTO_CREATE_LIMIT + 50)]
+    response = metadata_of(auto_creating, names)
+    assert {t.error_code for t in response.topics} == {ErrorCode.LEADER_NOT_AVAILABLE}
+    ((_, request),) = auto_creating.controller.calls
+    assert [t.name for t in request.topics] == names[:AUTO_CREATE_LIMIT]  # the rest next time
+
+    async def refuse(method: str, request: Any) -> Any:
+        return cpb.CreateTopicsResponse(
+            topics=[
+                cpb.CreatableTopicResult(name=t.name, error=cpb.INVALID_REPLICATION_FACTOR)
+                for t in request.topics
+            ]
+        )
+
+    auto_creating.controller.call = refuse  # type: ignore[method-assign]
+    (topic,) = metadata_of(auto_creating, ["too-wide"]).topics
+    assert topic.error_code == ErrorCode.INVALID_REPLICATION_FACTOR
 
 
 @pytest.mark.parametrize("harness", ["broker", "auto_creating"])
