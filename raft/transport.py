@@ -12,7 +12,8 @@ Failure model (the one the core is written for; Kafka's NetworkChannel assumes t
   messages; when it is full the *oldest* is dropped (Raft prefers fresh messages). The
   server runs at most ``max_concurrent_rpcs`` RPCs at once (Raft's and the services added to
   it); one more is refused RESOURCE_EXHAUSTED, which every client of it retries (a Raft
-  message so refused is dropped like any other; the core resends).
+  message so refused is dropped like any other; the core resends). It holds at most
+  ``max_connections`` connections; one more is closed as it arrives.
 - **Duplicates** are possible in principle (a message may be resent by the core) and harmless.
 - **Hints, not facts.** The unreachable listener hears of a peer whose connection broke or
   was refused: evidence it is down, never proof (the core uses it only to campaign sooner).
@@ -151,6 +152,10 @@ class TransportConfig:
     # refused RESOURCE_EXHAUSTED. A broker holds at most about 3 (its metadata fetch, its
     # heartbeat, its AlterPartition) plus the admin requests it forwards.
     max_concurrent_rpcs: int = 10_000
+    # Connections the server holds at once; one more is closed as it arrives (the client
+    # sees UNAVAILABLE and retries). A broker holds up to two to a controller (the metadata
+    # log's and the controller API's), a controller one to each broker; ~18 KiB each idle.
+    max_connections: int = 4096
     # Received messages waiting for the Raft loop (raft/driver.py), by their estimated size;
     # one that would go beyond is dropped. Legitimately about one fetch answer at a time.
     max_inbox_bytes: int = 64 * MIB
@@ -628,7 +633,11 @@ class GrpcTransport:
 
     def _server_options(self) -> list[tuple[str, int]]:
         # Without this, a second node configured with the same port would bind it silently.
-        return [*self._message_size_options(), ("grpc.so_reuseport", 0)]
+        return [
+            *self._message_size_options(),
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_allowed_incoming_connections", self.config.max_connections),
+        ]
 
     def _channel_options(self) -> list[tuple[str, int]]:
         backoff_ms = self.config.reconnect_backoff_max_ms

@@ -27,10 +27,12 @@ def test_the_limits_load_from_the_environment(tmp_path: Path) -> None:
         "RUNNEL_RAFT_TRANSPORT__LEARNED_PEER_MAX_IDLE_MS": "60000",
         "RUNNEL_RAFT_TRANSPORT__MAX_CONCURRENT_RPCS": "500",
         "RUNNEL_RAFT_TRANSPORT__MAX_INBOX_BYTES": "33554432",
+        "RUNNEL_RAFT_TRANSPORT__MAX_CONNECTIONS": "64",
     }
     transport = load_config(path, env).raft_transport
     assert (transport.max_learned_peers, transport.learned_peer_max_idle_ms) == (100, 60_000)
     assert (transport.max_concurrent_rpcs, transport.max_inbox_bytes) == (500, 32 * 1024 * 1024)
+    assert transport.max_connections == 64
 
 
 def test_a_learned_peer_must_outlive_raft_s_fetch_timeout(tmp_path: Path) -> None:

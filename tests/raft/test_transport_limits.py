@@ -84,6 +84,7 @@ def test_the_transport_config_checks_its_new_limits() -> None:
         "max_learned_peers",
         "learned_peer_max_idle_ms",
         "max_concurrent_rpcs",
+        "max_connections",
         "max_inbox_bytes",
     ):
         with pytest.raises(ValueError, match=name):
@@ -256,6 +257,45 @@ def test_an_rpc_beyond_the_bound_is_refused_and_the_raft_sender_keeps_its_channe
             hold.release.set()
             for node in (a, b):
                 await within(node.transport.close())
+
+    run(main)
+
+
+def test_a_connection_beyond_the_bound_is_closed_and_one_is_taken_once_another_leaves() -> None:
+    async def main() -> None:
+        node = Node(1, TransportConfig(max_connections=2))
+        await within(node.transport.start())
+        own_pool = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
+        channels = [
+            grpc.aio.insecure_channel(node.transport.address, options=own_pool) for _ in range(3)
+        ]
+
+        async def ping(channel: grpc.aio.Channel) -> grpc.StatusCode:
+            message = envelope_to_proto(Envelope(7, 1, m.FetchRequest(1, 7, 0, 0, 0)))
+            try:
+                await raft_pb2_grpc.RaftServiceStub(channel).Send(message, timeout=WAIT_S)
+            except grpc.aio.AioRpcError as e:
+                return e.code()
+            return grpc.StatusCode.OK
+
+        try:
+            codes = [await ping(channel) for channel in channels]
+            assert codes == [grpc.StatusCode.OK] * 2 + [grpc.StatusCode.UNAVAILABLE]
+            await channels.pop(0).close()
+            # The server sees the close a moment later: fresh channels until one is let in.
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while True:
+                channels.append(grpc.aio.insecure_channel(node.transport.address, options=own_pool))
+                code = await ping(channels[-1])
+                if code is grpc.StatusCode.OK or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert code is grpc.StatusCode.OK
+            assert await ping(channels[0]) is grpc.StatusCode.OK  # the others kept theirs
+        finally:
+            for channel in channels:
+                await channel.close()
+            await within(node.transport.close())
 
     run(main)
 
