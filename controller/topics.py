@@ -82,6 +82,7 @@ __all__ = [
     "TopicLimits",
     "alive_broker_slots",
     "check_topic_name",
+    "topic_name_problem",
     "create_partitions",
     "create_topics",
     "delete_topics",
@@ -147,22 +148,28 @@ METADATA_TOPIC_PROHIBITED = f"Creation of internal topic {METADATA_TOPIC} is pro
 def check_topic_name(name: str) -> None:
     """Kafka's topic name rules (Topic.validate); ``DecisionError`` (INVALID_TOPIC_EXCEPTION)
     if broken. ``METADATA_TOPIC`` keeps them: only CreateTopics refuses it (module doc)."""
+    problem = topic_name_problem(name)
+    if problem:
+        raise DecisionError(cpb.INVALID_TOPIC_EXCEPTION, problem)
+
+
+def topic_name_problem(name: str) -> str:
+    """What breaks Kafka's topic name rules in ``name``, or "" if nothing does."""
     if not name:
-        raise DecisionError(cpb.INVALID_TOPIC_EXCEPTION, "a topic name cannot be empty")
+        return "a topic name cannot be empty"
     if name in (".", ".."):
-        raise DecisionError(cpb.INVALID_TOPIC_EXCEPTION, f"a topic cannot be named {name!r}")
+        return f"a topic cannot be named {name!r}"
     if len(name) > MAX_TOPIC_NAME_CHARS:
-        raise DecisionError(
-            cpb.INVALID_TOPIC_EXCEPTION,
+        return (
             f"topic name {name[:20]!r}... has {len(name)} characters, "
-            f"more than {MAX_TOPIC_NAME_CHARS}",
+            f"more than {MAX_TOPIC_NAME_CHARS}"
         )
     if not _LEGAL_NAME.fullmatch(name):
-        raise DecisionError(
-            cpb.INVALID_TOPIC_EXCEPTION,
+        return (
             f"topic name {name!r} has a character other than ASCII letters, digits, "
-            "'.', '_' and '-'",
+            "'.', '_' and '-'"
         )
+    return ""
 
 
 def alive_broker_slots(image: MetadataImage) -> list[BrokerSlot]:

@@ -44,9 +44,8 @@ from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.configs import broker_id_of, canonical_value, stored_resource_name
 from controller.image import MetadataImage
-from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
-from controller.topics import check_topic_name, repeated
+from controller.topics import repeated, topic_name_problem
 from proto import controller_pb2 as cpb
 
 __all__ = ["alter_configs", "describe_configs", "incremental_alter_configs"]
@@ -69,10 +68,9 @@ def _describe_one(
     }
     name = resource.resource_name
     if resource.resource_type == TOPIC:
-        try:
-            check_topic_name(name)  # __cluster_metadata passes: no topic has it (as in Kafka)
-        except DecisionError as e:
-            return out | {"error_code": e.code, "error_message": e.message}
+        problem = topic_name_problem(name)  # __cluster_metadata passes: no topic has it
+        if problem:
+            return out | {"error_code": ErrorCode.INVALID_TOPIC_EXCEPTION, "error_message": problem}
         if name not in image.topic_ids:
             return out | {
                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

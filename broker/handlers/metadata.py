@@ -26,8 +26,7 @@ from broker.handlers.common import Reply, topic_uuid
 from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import NO_LEADER, MetadataImage, PartitionState
-from controller.outcome import DecisionError
-from controller.topics import METADATA_TOPIC, check_topic_name
+from controller.topics import METADATA_TOPIC, topic_name_problem
 from proto import controller_pb2 as cpb
 
 __all__ = ["api_versions", "describe_cluster", "metadata", "supported_api_versions"]
@@ -130,17 +129,6 @@ def _requested_names(image: MetadataImage, request: Any) -> tuple[list[str] | No
     return list(dict.fromkeys(names)), list(dict.fromkeys(unknown_ids))
 
 
-def _legal_topic_name(name: str) -> bool:
-    """Whether an unknown topic's name is legal: if not, Kafka answers INVALID_TOPIC_EXCEPTION
-    rather than UNKNOWN_TOPIC_OR_PARTITION (KafkaApis.getTopicMetadata's Topic.validate),
-    and does not try to create it (AutoTopicCreationManager)."""
-    try:
-        check_topic_name(name)
-    except DecisionError:
-        return False
-    return True
-
-
 def _unknown_id(topic_id: Any, operations: int) -> dict[str, Any]:
     """A topic asked for by an id no topic has: UNKNOWN_TOPIC_ID, as Kafka answers it."""
     return {
@@ -162,7 +150,10 @@ def metadata(context: BrokerContext, header: RequestHeader, request: Any) -> Rep
         else UNSET_OPERATIONS
     )
     missing = [] if names is None else [n for n in names if n not in image.topic_ids]
-    invalid = {n for n in missing if not _legal_topic_name(n)}  # never auto-created either
+    # Kafka answers an unknown topic with an illegal name INVALID_TOPIC_EXCEPTION, not
+    # UNKNOWN_TOPIC_OR_PARTITION (KafkaApis.getTopicMetadata's Topic.validate), and never
+    # tries to create it (AutoTopicCreationManager).
+    invalid = {n for n in missing if topic_name_problem(n)}
     if invalid or METADATA_TOPIC in missing:  # the metadata log's: unknown, never created
         missing = [n for n in missing if n not in invalid and n != METADATA_TOPIC]
     allow = header.api_version < 4 or bool(getattr(request, "allow_auto_topic_creation", True))
