@@ -46,7 +46,9 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   a fresh session for every unfenced broker, ``_controller_back``).
 - Clients: a producer sends acks=-1 appends of unique values (never retried, so each value
   may be in the log once at most) to the broker it believes leads; a value is acknowledged
-  when its commit callback runs with None. A consumer reads below the HW of a broker that
+  when its commit callback runs with None. With ``produce_timeout_ms`` a wait still open
+  that long is forgotten and answered REQUEST_TIMED_OUT, as the produce handler does; its
+  callback must never run after that. A consumer reads below the HW of a broker that
   believes it leads.
 - Invariants, after every event: a leader's HW never goes back within its leader epoch;
   the batches (base, last offset, epoch, CRC) below any leader's HW (a deposed leader that
@@ -83,7 +85,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from replication.errors import NotLeaderOrFollower, OffsetOutOfRange, ReplicationError
+from replication.errors import (
+    NotLeaderOrFollower,
+    OffsetOutOfRange,
+    ReplicationError,
+    RequestTimedOut,
+)
 from replication.follower import FetchAnswer, Outcome, apply_fetch_answer, whole_batches
 from replication.partition import CommitCallback, Partition, Role
 from replication.testing.power_loss import lose_page_cache
@@ -178,6 +185,12 @@ class SimConfig:
     # checks of the log are taken afresh from the new leader's log (``_new_era``). False, the
     # default, leaves every seed's history as it was
     unclean_leader_election: bool = False
+    # an acks=-1 produce still waiting this long after its append is answered
+    # REQUEST_TIMED_OUT and its wait forgotten, as the produce handler does with the
+    # request's timeout_ms (broker/handlers/produce.py): its values may still be committed,
+    # but a forgotten wait is never acknowledged. 0, the default, waits for the outcome and
+    # leaves every seed's history as it was
+    produce_timeout_ms: int = 0
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -199,8 +212,8 @@ class SimConfig:
             raise ValueError("session_timeout_ms must exceed two heartbeat intervals")
         if self.request_timeout_ms <= 2 * self.delay_max_ms:
             raise ValueError("request_timeout_ms must exceed a round trip")
-        if self.controller_failover_weight < 0:
-            raise ValueError("controller_failover_weight must be at least 0")
+        if self.controller_failover_weight < 0 or self.produce_timeout_ms < 0:
+            raise ValueError("controller_failover_weight and produce_timeout_ms must be >= 0")
 
     @property
     def replicas_per_partition(self) -> int:
@@ -235,6 +248,7 @@ class SimResult:
     quiet_skips: int = 0  # partitions session fetches skipped as watched (fetch_sessions)
     truncations: int = 0
     unclean_elections: int = 0  # taken over by their new leaders (unclean_leader_election)
+    produce_timeouts: int = 0  # acks=-1 waits ended by produce_timeout_ms
     values_sent: int = 0
     values_acked: int = 0
     values_read: int = 0
@@ -590,9 +604,22 @@ HEARTBEAT, SHRINK, CHECKPOINT = "heartbeat", "shrink", "checkpoint"
 FETCH, FETCH_TIMEOUT, POLL_EXPIRE, ALTER_TIMEOUT = "fetch", "fetch-timeout", "poll", "alter-to"
 ALTER_RETRY = "alter-retry"
 COMMIT = "commit"  # an acks=-1 append's commit asked for, produce_commit_delay_max_ms later
+PRODUCE_TIMEOUT = "produce-to"  # an acks=-1 produce's wait ends, produce_timeout_ms later
 # AlterPartition refusals that end a proposal (broker/alter_partition.py): checked at the
 # epochs the leader holds, nothing written. Any other outcome leaves it pending, sent again.
 REFUSED_FOR_GOOD = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
+
+
+@dataclass(slots=True)
+class ProduceWait:
+    """An acks=-1 produce's wait for its commit, as the produce handler holds it."""
+
+    msg: Msg
+    req: ProduceReq
+    forget: Callable[[], None] | None = None  # what await_commit returned, once asked
+    deferred: int = 0  # the COMMIT timer's token while the ask is deferred
+    done: bool = False  # the commit callback ran
+    timed_out: bool = False  # answered REQUEST_TIMED_OUT, the wait forgotten
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,6 +748,7 @@ class Simulation:
         self.seq = 0
         self.ids = 0
         self.deferred_commits: dict[int, Callable[[], None]] = {}  # by timer token
+        self.produce_waits: dict[int, ProduceWait] = {}  # by PRODUCE_TIMEOUT timer token
         self.result = SimResult(seed)
         self.trace: deque[tuple[int, str, object]] = deque(maxlen=config.trace_len)
         self.full_trace: list[str] | None = None
@@ -1147,7 +1175,11 @@ class Simulation:
         elif timer.kind == ALTER_RETRY:
             self._alter_again(broker, timer.pid, timer.token)
         elif timer.kind == COMMIT:
-            self.deferred_commits.pop(timer.token)()
+            ask = self.deferred_commits.pop(timer.token, None)
+            if ask is not None:  # None: the produce timed out first
+                ask()
+        elif timer.kind == PRODUCE_TIMEOUT:
+            self._produce_timed_out(broker, self.produce_waits.pop(timer.token))
 
     def _heartbeat(self, broker: SimBroker) -> None:
         if broker.broker_epoch < 0:
@@ -1334,7 +1366,15 @@ class Simulation:
             f"b{broker.broker_id}", f"p{req.pid} appended {req.values} at {info.first_offset}"
         )
 
+        wait = ProduceWait(msg, req)
+
         def committed(error: ReplicationError | None) -> None:
+            if wait.timed_out:
+                self._fail(
+                    f"b{broker.broker_id} p{req.pid}: the commit callback of {req.values} ran "
+                    "after the produce timed out and forgot its wait"
+                )
+            wait.done = True
             if error is None:
                 self._check_enough_replicas(broker, req.pid)
                 self._acknowledge(broker, req, info.first_offset, epoch)
@@ -1342,18 +1382,40 @@ class Simulation:
 
         delay_max_ms = self.config.produce_commit_delay_max_ms
         if delay_max_ms > 0:
-            token = self._next_id()
-            self.deferred_commits[token] = functools.partial(
-                self._await_commit, partition, info, committed
+            wait.deferred = self._next_id()
+            self.deferred_commits[wait.deferred] = functools.partial(
+                self._await_commit, partition, info, committed, wait
             )
             at = self.now + self.rng.randint(0, delay_max_ms)
-            self._timer(broker, at, COMMIT, req.pid, token)
+            self._timer(broker, at, COMMIT, req.pid, wait.deferred)
         else:
-            partition.await_commit(info, committed)
+            self._await_commit(partition, info, committed, wait)
+        timeout_ms = self.config.produce_timeout_ms
+        if timeout_ms > 0 and not wait.done:
+            token = self._next_id()
+            self.produce_waits[token] = wait
+            self._timer(broker, self.now + timeout_ms, PRODUCE_TIMEOUT, req.pid, token)
 
     @staticmethod
-    def _await_commit(partition: Partition, info: AppendInfo, committed: CommitCallback) -> None:
-        partition.await_commit(info, committed)  # what it returns (forget) is not needed here
+    def _await_commit(
+        partition: Partition, info: AppendInfo, committed: CommitCallback, wait: ProduceWait
+    ) -> None:
+        wait.deferred = 0
+        wait.forget = partition.await_commit(info, committed)
+
+    def _produce_timed_out(self, broker: SimBroker, wait: ProduceWait) -> None:
+        """The produce handler's timeout: forget the wait (or the ask still deferred) and
+        answer REQUEST_TIMED_OUT; the values may be committed later, never acknowledged."""
+        if wait.done:
+            return
+        wait.timed_out = True
+        if wait.deferred:
+            del self.deferred_commits[wait.deferred]  # its COMMIT timer finds nothing
+        elif wait.forget is not None:
+            wait.forget()
+        self.result.produce_timeouts += 1
+        self._note(f"b{broker.broker_id}", f"p{wait.req.pid} timed out {wait.req.values}")
+        self._reply(wait.msg, ProduceResp(wait.req.pid, RequestTimedOut.code))
 
     def _check_enough_replicas(self, broker: SimBroker, pid: int) -> None:
         """Kafka's rule for an acks=-1 acknowledgement: the leader's ISR (the larger set

@@ -58,6 +58,7 @@ CHUNK = 10
 SESSIONS = SimConfig(brokers=4, partitions=6, replication_factor=3, fetch_sessions=True)
 PRODUCE_GAP = SimConfig(produce_commit_delay_max_ms=3)
 UNCLEAN = SimConfig(partitions=2, unclean_leader_election=True)
+TIMEOUTS = SimConfig(partitions=2, produce_commit_delay_max_ms=3, produce_timeout_ms=100)
 # Seeds 2, 8 and 9 of "3-brokers" found a lost-ack bug (a leader whose AlterPartition answer
 # was lost dropped its pending ISR while the controller had committed it; see
 # broker/alter_partition.py): they run with the others, as the regression test.
@@ -82,6 +83,9 @@ SHAPES = {
     # the others truncate to its log; acknowledged records may be lost, nothing else may go
     # wrong (the checks start afresh from its log: Simulation._new_era)
     "unclean": (UNCLEAN, 10),
+    # acks=-1 waits end after 100 ms, as a produce's timeout_ms ends them: the wait is
+    # forgotten (its callback must never run) and the values may still be committed
+    "timeouts": (TIMEOUTS, 10),
 }
 
 # Seeds that soaks beyond the fixed ones found failing, run as regression tests. Failovers
@@ -187,6 +191,20 @@ def test_an_acknowledgement_by_an_isr_below_the_minimum_is_caught(
     for seed in (1, 2):  # each passes with the real rule
         with pytest.raises(SimulationFailure, match=r"below min\.insync\.replicas 2"):
             run_seed(seed, PRODUCE_GAP)
+
+
+def test_timeouts_end_many_waits_and_a_wait_that_is_not_forgotten_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timeouts shape ends hundreds of acks=-1 waits per seed while others are
+    acknowledged; a mutant partition whose returned forget function keeps the wait runs the
+    callback of a request already answered REQUEST_TIMED_OUT."""
+    results = [run_seed(seed, TIMEOUTS) for seed in (0, 1)]
+    assert all(r.produce_timeouts > 100 and r.values_acked > 50 for r in results)
+    monkeypatch.setattr(Partition, "_forget_wait", lambda self, entry: None)
+    for seed in (0, 1):  # each passes with the real rule
+        with pytest.raises(SimulationFailure, match="ran after the produce timed out"):
+            run_seed(seed, TIMEOUTS)
 
 
 def test_sessions_skip_quiet_partitions_and_keep_every_follower_in_step() -> None:
