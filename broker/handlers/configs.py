@@ -12,10 +12,11 @@ other than this broker's is INVALID_REQUEST. A broker id is read as Kafka reads 
 Integer.parseInt (``controller.configs.broker_id_of``, the controller's rule too): "0101" is
 broker 101. Every entry has its type; its documentation and synonyms come when the request
 asks for them (include_documentation, include_synonyms). An empty list of keys, like none,
-asks for all. A resource given more than once is answered each time, as Kafka's
-ConfigHelper.describeConfigs answers every resource of the request (it neither merges nor
-refuses repeats); each distinct resource (type, name and keys asked for) is described once
-and that answer repeated.
+asks for all. A resource named again in the same request (the same type and name, "0101"
+and "101" being one broker) is described at its first place only; each later place is
+INVALID_REQUEST, with no configs. Kafka's ConfigHelper.describeConfigs describes every copy,
+so one request of a few MB naming a topic a million times would build an answer of tens of
+GB; here an answer holds each resource's configs once.
 
 Both alter requests are first checked here as Kafka's ConfigAdminManager.preprocess does (a
 name given twice, a null value, a BROKER resource naming another broker: INVALID_REQUEST), then
@@ -105,16 +106,30 @@ def describe_configs(context: BrokerContext, header: RequestHeader, request: Any
         synonyms=bool(getattr(request, "include_synonyms", False)),
         documentation=bool(getattr(request, "include_documentation", False)),
     )
-    described: dict[tuple[int, str, frozenset[str] | None], dict[str, Any]] = {}
+    described: set[tuple[int, str]] = set()
     results = []
     for resource in request.resources:
-        keys = resource.configuration_keys
-        key = (resource.resource_type, resource.resource_name, frozenset(keys) if keys else None)
-        answer = described.get(key)
-        if answer is None:  # a repeat shares the first answer: it is not described again
-            answer = described[key] = _describe_one(context, image, resource, detail)
-        results.append(answer)
+        kind = resource.resource_type
+        key = (kind, stored_resource_name(kind, resource.resource_name))
+        if key in described:
+            results.append(_repeated(resource))
+        else:
+            described.add(key)
+            results.append(_describe_one(context, image, resource, detail))
     return {"throttle_time_ms": 0, "results": results}
+
+
+def _repeated(resource: Any) -> dict[str, Any]:
+    """A later place of a resource the request names again: not described twice (module
+    doc: Kafka would, without bound)."""
+    return {
+        "resource_type": resource.resource_type,
+        "resource_name": resource.resource_name,
+        "error_code": ErrorCode.INVALID_REQUEST,
+        "error_message": "Duplicate resource: this request names it more than once; it is "
+        "described at its first place",
+        "configs": [],
+    }
 
 
 # -- altering ----------------------------------------------------------------------------------
