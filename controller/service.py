@@ -17,8 +17,11 @@ brokers whose session expired, preferred-leader rebalancing (for brokers above
 ``metadata_max_idle_interval_ms`` without a commit, and electing leaderless partitions that
 can have a leader: one decision elects at most ``elections.MAX_PARTITION_CHANGES``, so a
 broker coming back as the last ISR member of more partitions than that gets the rest there,
-a decision at a time; it runs only after such an unfence and once on taking over (the
-previous controller may have stopped in the middle of one).
+a decision at a time; it runs after such an unfence, once on taking over (the previous
+controller may have stopped in the middle of one), after a committed change of
+``unclean.leader.election.enable`` (an operator allowing it for an offline partition whose
+out-of-sync replicas are alive gets the election at once) and every
+``LEADERLESS_RECHECK_INTERVAL_S`` otherwise (Kafka's periodic unclean election).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ FENCE_CHECK_INTERVAL_MS = 1000
 # max_concurrent_rpcs, so that Raft always finds slots (a node passes half of its own).
 DEFAULT_MAX_IN_FLIGHT_REQUESTS = 5_000
 LEADERLESS_CHECK_INTERVAL_S = 0.1  # a pass when one is due (module doc), else nothing
+# A pass anyway this long after the last (Kafka's unclean.leader.election.interval.ms).
+LEADERLESS_RECHECK_INTERVAL_S = 300.0
 
 
 class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
@@ -74,6 +79,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         )
         self.sessions: dict[int, BrokerSession] = {}
         self._leaderless_due = False  # electing leaderless partitions may find some
+        self._leaderless_checked_ms = controller.clock_ms()  # at the last pass or activation
         self.partition_change_limit = elections.MAX_PARTITION_CHANGES  # per unfence decision
         controller.on_activation(self._reset_sessions)
         timeout_ms = self.config.broker_session_timeout_ms
@@ -220,10 +226,17 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     async def IncrementalAlterConfigs(
         self, request: cpb.IncrementalAlterConfigsRequest, context: Context
     ) -> cpb.IncrementalAlterConfigsResponse:
+        async def committed(response: cpb.IncrementalAlterConfigsResponse, offset: int) -> None:
+            if any(
+                c.name == elections.UNCLEAN_CONFIG for r in request.resources for c in r.configs
+            ):
+                self._leaderless_due = True  # it may allow electing an offline partition now
+
         return await self._serve(
             context,
             cpb.IncrementalAlterConfigsResponse,
             lambda image: configs.incremental_alter_configs(image, request, self.log_defaults),
+            committed,
         )
 
     async def AllocateProducerIds(
@@ -319,6 +332,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     # -- duties of the active controller ---------------------------------------------------
     def _reset_sessions(self) -> None:
         self._leaderless_due = True  # the last controller may have stopped in the middle
+        self._leaderless_checked_ms = self.controller.clock_ms()
         now, offset = self.controller.clock_ms(), self.controller.committed_offset
         image = self.controller.committed_image
         self.sessions = {  # a fenced broker's session opens with its next heartbeat
@@ -343,8 +357,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         )
 
     async def _elect_leaderless(self) -> None:
-        if not self._leaderless_due:
+        now_ms = self.controller.clock_ms()
+        recheck_ms = LEADERLESS_RECHECK_INTERVAL_S * 1000
+        if not self._leaderless_due and now_ms - self._leaderless_checked_ms < recheck_ms:
             return
+        self._leaderless_checked_ms = now_ms
         unclean, limit = self.config.unclean_leader_election_enable, self.partition_change_limit
 
         def decide(image: MetadataImage) -> Outcome[bool]:

@@ -20,7 +20,7 @@ from controller.config import ControllerConfig
 from controller.image import MetadataImage
 from controller.outcome import Outcome
 from controller.quorum import PeriodicTask
-from controller.service import ControllerService
+from controller.service import LEADERLESS_RECHECK_INTERVAL_S, ControllerService
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
 
@@ -227,6 +227,60 @@ def test_a_new_active_controller_elects_leaderless_partitions_an_earlier_one_lef
         controller.activate()
         await controller.periodic["leaderless"].run()
         assert leaders(controller) == [1] * 3
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_allowing_unclean_election_elects_an_offline_partition_s_alive_replica_at_once() -> None:
+    """Broker 1, the whole ISR, is dead; broker 2, out of sync, is alive. The operator's way
+    out is unclean.leader.election.enable on the topic: once that change is committed, the
+    leaderless duty elects broker 2 (Kafka's controller does so in its periodic unclean
+    election); nothing else would elect it while broker 2 stays up."""
+
+    async def main() -> None:
+        image = cluster(partitions={0: ([1, 2], [1], -1)}, fenced=[1])
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        controller.activate()
+        await controller.periodic["leaderless"].run()  # unclean election is off: none
+        assert leaders(controller) == [-1]
+        allow = cpb.AlterableConfig(name="unclean.leader.election.enable", op=cpb.SET, value="true")
+        request = cpb.IncrementalAlterConfigsRequest(
+            resources=[
+                cpb.AlterConfigsResource(
+                    resource_type=mpb.TOPIC, resource_name="orders", configs=[allow]
+                )
+            ]
+        )
+        answer = await service.IncrementalAlterConfigs(request, None)  # type: ignore[arg-type]
+        assert [r.error for r in answer.resources] == [cpb.NONE]
+        await controller.periodic["leaderless"].run()
+        assert leaders(controller) == [2]
+        assert controller.committed_image.partition(ORDERS, 0).isr == (2,)  # type: ignore[union-attr]
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_leaderless_duty_runs_anyway_every_recheck_interval() -> None:
+    """A change no trigger saw (here written behind the service's back) is acted on at the
+    next periodic pass, LEADERLESS_RECHECK_INTERVAL_S after the last."""
+
+    async def main() -> None:
+        image = cluster(partitions={0: ([1, 2], [1], -1)}, fenced=[1])
+        controller = StandInController(image)
+        ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        controller.activate()
+        await controller.periodic["leaderless"].run()
+        allow = rec.config(
+            rec.ConfigResourceType.TOPIC, "orders", "unclean.leader.election.enable", "true"
+        )
+        controller.committed_image = replay(controller.committed_image, [allow])
+        controller.now_ms += int(LEADERLESS_RECHECK_INTERVAL_S * 1000) - 1
+        await controller.periodic["leaderless"].run()  # not due, and not yet time
+        assert leaders(controller) == [-1]
+        controller.now_ms += 1
+        await controller.periodic["leaderless"].run()
+        assert leaders(controller) == [2]
 
     asyncio.run(asyncio.wait_for(main(), 30))
 

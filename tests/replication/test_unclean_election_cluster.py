@@ -19,6 +19,7 @@ from typing import Any
 import fault_cluster as rc
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 replication_cluster = rc.replication_cluster
 CONTROLLER = 1
@@ -77,7 +78,37 @@ def test_the_topic_config_enables_unclean_election_over_the_controller_default(
     elected_unclean(replication_cluster, {"unclean.leader.election.enable": "true"})
 
 
-def elected_unclean(c: Any, configs: dict[str, str]) -> None:
+@pytest.mark.slow
+@rc.with_settings(
+    controller={"broker_session_timeout_ms": SESSION_MS},
+    broker={"replica_lag_time_max_ms": LAG_MS},
+)
+def test_allowing_unclean_election_for_an_offline_partition_elects_an_alive_replica(
+    replication_cluster: Any,
+) -> None:
+    """The operator's way out of an offline partition whose out-of-sync replicas are alive:
+    set unclean.leader.election.enable on the topic (the controller elects at once)."""
+    elected_unclean(replication_cluster, {}, allow_when_offline=True)
+
+
+def allow_unclean_election(c: Any, topic: str, via: list[int]) -> None:
+    resource = ConfigResource(
+        "TOPIC",
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "unclean.leader.election.enable",
+                "true",
+                incremental_operation=AlterConfigOpType.SET,
+            )
+        ],
+    )
+    admin = c.admin(via)  # it must outlive the future
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool = False) -> None:
     topic = "unclean"
     [view] = c.create_topic(topic, 1, min_insync=1, configs=configs)
     leader = view.leader
@@ -100,6 +131,15 @@ def elected_unclean(c: Any, configs: dict[str, str]) -> None:
     c.kill(leader)
     for follower in followers:
         c.resume(follower)
+    if allow_when_offline:
+        c.wait_partitions(
+            f"no leader once {leader} is fenced (unclean election not allowed yet)",
+            topic,
+            lambda v: v[0].leader == -1,
+            SESSION_MS / 1000 + 15,
+            via=followers,
+        )
+        allow_unclean_election(c, topic, followers)
 
     views = c.wait_partitions(
         f"an out-of-sync replica elected in place of {leader}",
