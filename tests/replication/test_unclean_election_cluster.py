@@ -25,6 +25,11 @@ replication_cluster = rc.replication_cluster
 CONTROLLER = 1
 SESSION_MS = 10_000
 LAG_MS = 2_000
+# Unclean election left off by the controller (its default); topic configs may allow it.
+CONTROLLER_DEFAULT_OFF = rc.with_settings(
+    controller={"broker_session_timeout_ms": SESSION_MS},
+    broker={"replica_lag_time_max_ms": LAG_MS},
+)
 
 
 def produce(c: Any, topic: str, values: list[str]) -> dict[str, int]:
@@ -68,10 +73,7 @@ def test_an_out_of_sync_replica_is_elected_loudly_and_the_old_leader_truncates(
 
 
 @pytest.mark.slow
-@rc.with_settings(
-    controller={"broker_session_timeout_ms": SESSION_MS},
-    broker={"replica_lag_time_max_ms": LAG_MS},
-)
+@CONTROLLER_DEFAULT_OFF
 def test_the_topic_config_enables_unclean_election_over_the_controller_default(
     replication_cluster: Any,
 ) -> None:
@@ -79,10 +81,7 @@ def test_the_topic_config_enables_unclean_election_over_the_controller_default(
 
 
 @pytest.mark.slow
-@rc.with_settings(
-    controller={"broker_session_timeout_ms": SESSION_MS},
-    broker={"replica_lag_time_max_ms": LAG_MS},
-)
+@CONTROLLER_DEFAULT_OFF
 def test_allowing_unclean_election_for_an_offline_partition_elects_an_alive_replica(
     replication_cluster: Any,
 ) -> None:
