@@ -14,6 +14,17 @@ the broker's worker threads stay free for its own work). A call walks at most
 ``max_batches`` (``DEFAULT_MAX_BATCHES`` unless asked, ``MAX_BATCHES`` at most); the last
 chunk says where a further call goes on.
 
+A client that stops reading. Sending a chunk waits for HTTP/2 flow control, i.e. for the
+client to take what it was sent; a chunk not taken within ``write_timeout_ms`` ends the call
+(``ClientTooSlow``, DEADLINE_EXCEEDED), so the handler, its cursor (and the segment files it
+holds open) are released. grpc.aio cannot withdraw the chunk being sent, and the status goes
+out behind it: the client sees DEADLINE_EXCEEDED once it reads on, and until it reads on or
+goes away (cancels, hits its own deadline, closes its channel) the call still holds one of
+the gRPC server's ``maximum_concurrent_rpcs`` slots (grpcio 1.85; the aio server has no
+per-call cancel). So at most ``max_calls`` calls are held at once, counted until gRPC has
+closed them (``add_done_callback``), and one more is refused RESOURCE_EXHAUSTED: stalled
+readers cannot take the slots Raft and the controller API share the server with.
+
 Consistency. Bytes below the high watermark never change, so a walk bounded by it sees a
 stable log, even if retention deletes a segment meanwhile (an open descriptor keeps its
 file). A walk up to the log end may meet a follower's truncation: it then stops early (the
@@ -21,8 +32,9 @@ file ended) or, if the tail was rewritten under it, fails with INTERNAL; asking 
 the new log.
 
 Errors are typed (``ReplicaReadError`` and its subclasses, each with its gRPC status) and
-mapped to a status once, in ``ReplicaReadService.ReadBatches``; ``retriable`` marks the ones
-worth asking again.
+mapped to a status once, in ``ReplicaReadService.ReadBatches`` (set on the context, not
+``abort``ed: ``abort`` waits until the status is sent, which a client that stopped reading
+holds back); ``retriable`` marks the ones worth asking again.
 
 Concurrency: the service runs on the broker's event loop; a ``HeaderCursor`` is used by one
 call, on one thread at a time (the worker thread reads, the loop waits).
@@ -33,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 import grpc.aio
@@ -51,8 +63,11 @@ from storage.segment import LogSegment
 __all__ = [
     "BATCHES_PER_CHUNK",
     "DEFAULT_MAX_BATCHES",
+    "DEFAULT_MAX_CALLS",
+    "DEFAULT_WRITE_TIMEOUT_MS",
     "MAX_BATCHES",
     "MAX_CONCURRENT_CHUNK_READS",
+    "ClientTooSlow",
     "HeaderCursor",
     "InvalidRequest",
     "LogOffline",
@@ -73,6 +88,15 @@ BATCHES_PER_CHUNK = 1_000  # batch metas per streamed message (about 30 KB)
 DEFAULT_MAX_BATCHES = 10_000  # per call, when the request asks for 0
 MAX_BATCHES = 100_000  # per call; more is INVALID_ARGUMENT
 MAX_CONCURRENT_CHUNK_READS = 4  # worker threads reading headers at once; other calls wait
+# The longest a chunk (about 30 KB) may wait for the client to take it before the call ends.
+# A slow but live reader (a Spark task, a verify run comparing pages) takes 30 KB in
+# milliseconds even at 1 MB/s, and HTTP/2 buffers a chunk or more ahead of it; 30 s is reached
+# by a client that stopped reading, or one doing seconds of work per batch between reads
+# (it should ask for fewer batches per call and call again from next_offset).
+DEFAULT_WRITE_TIMEOUT_MS = 30_000
+# Calls held at once (until gRPC closes them); a quarter of the transport's default
+# max_concurrent_rpcs at most, so that Raft keeps slots (runnel/config.py checks it).
+DEFAULT_MAX_CALLS = 1_000
 TOPIC_ID_BYTES = 16
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -117,6 +141,13 @@ class UnreadableBatch(ReplicaReadError):
     """A batch header that is not one (a corrupt file, or a tail rewritten under the walk)."""
 
     status = grpc.StatusCode.INTERNAL
+    retriable = True
+
+
+class ClientTooSlow(ReplicaReadError):
+    """The client did not take a chunk within the write timeout (it stopped reading)."""
+
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
     retriable = True
 
 
@@ -296,30 +327,59 @@ def batch_meta(header: BatchHeader) -> rpb.BatchMeta:
 
 
 class ReplicaReadService(replica_pb2_grpc.ReplicaReadServiceServicer):
-    """Serves ``ReplicaReadService`` from the logs ``source`` finds."""
+    """Serves ``ReplicaReadService`` from the logs ``source`` finds; a chunk the client does
+    not take within ``write_timeout_ms`` ends its call, and at most ``max_calls`` calls are
+    held at once. ``calls_in_progress`` counts the handlers running (a call ended by the
+    timeout no longer counts), ``calls_held`` the calls gRPC has not closed yet."""
 
-    def __init__(self, source: LogSource) -> None:
+    def __init__(
+        self,
+        source: LogSource,
+        write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS,
+        max_calls: int = DEFAULT_MAX_CALLS,
+    ) -> None:
+        if write_timeout_ms < 1:
+            raise ValueError(f"write_timeout_ms must be at least 1, got {write_timeout_ms}")
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {max_calls}")
         self.source = source
+        self.write_timeout_ms = write_timeout_ms
+        self.max_calls = max_calls
+        self.calls_in_progress = 0
+        self.calls_held = 0
         self._readers = asyncio.Semaphore(MAX_CONCURRENT_CHUNK_READS)
 
     def register(self, server: grpc.aio.Server) -> None:
         replica_pb2_grpc.add_ReplicaReadServiceServicer_to_server(self, server)
 
-    async def ReadBatches(
-        self, request: rpb.ReadBatchesRequest, context: Context
-    ) -> AsyncIterator[rpb.ReadBatchesChunk]:
+    async def ReadBatches(self, request: rpb.ReadBatchesRequest, context: Context) -> None:
+        if self.calls_held >= self.max_calls:
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(
+                f"broker {self.source.broker_id} holds {self.calls_held} replica reads "
+                f"(broker.replica_read_max_calls); try again"
+            )
+            return
+        self.calls_held += 1
+        context.add_done_callback(cast(Any, self._closed))  # the stubs want a class there
+        self.calls_in_progress += 1
         try:
             _check_identity(request.topic, request.partition, request.topic_id)
             log = self.source.find(request.topic, request.partition, request.topic_id)
             plan, cursor = _start(log, request)
-            async for chunk in self._chunks(log, plan, cursor):
-                yield chunk
+            await self._stream(context, log, plan, cursor)
         except ReplicaReadError as e:
-            await context.abort(e.status, str(e))
+            context.set_code(e.status)
+            context.set_details(str(e))
+        finally:
+            self.calls_in_progress -= 1
 
-    async def _chunks(
-        self, log: Log, plan: ReadPlan, cursor: HeaderCursor
-    ) -> AsyncIterator[rpb.ReadBatchesChunk]:
+    def _closed(self, _: object) -> None:
+        self.calls_held -= 1
+
+    async def _stream(
+        self, context: Context, log: Log, plan: ReadPlan, cursor: HeaderCursor
+    ) -> None:
         """At least one chunk (it carries the offsets), then one per ``BATCHES_PER_CHUNK``."""
         sent = 0
         while True:
@@ -327,9 +387,19 @@ class ReplicaReadService(replica_pb2_grpc.ReplicaReadServiceServicer):
             async with self._readers:
                 headers = await asyncio.to_thread(_read_chunk, log, cursor, wanted)
             sent += len(headers)
-            yield self._chunk(plan, headers, cursor)
+            await self._write(context, self._chunk(plan, headers, cursor))
             if cursor.done or sent >= plan.max_batches:
                 return
+
+    async def _write(self, context: Context, chunk: rpb.ReadBatchesChunk) -> None:
+        """Send ``chunk``; raises ClientTooSlow if the client has not taken it in time."""
+        try:
+            async with asyncio.timeout(self.write_timeout_ms / 1000):
+                await context.write(chunk)
+        except TimeoutError:
+            raise ClientTooSlow(
+                f"the client took no chunk for {self.write_timeout_ms} ms: call ended"
+            ) from None
 
     def _chunk(
         self, plan: ReadPlan, headers: list[BatchHeader], cursor: HeaderCursor

@@ -150,6 +150,12 @@ class BrokerConfig:
     replica_fetch_response_max_bytes: int = 10_485_760  # per follower fetch
     replica_fetch_backoff_ms: int = 1000  # a partition's rest after a fetch error (the longest)
     replica_high_watermark_checkpoint_interval_ms: int = 5000
+    # A ReadBatches chunk (broker/replica_read.py) the client leaves untaken this long ends
+    # the call DEADLINE_EXCEEDED; a live reader takes one (about 30 KB) in milliseconds.
+    replica_read_write_timeout_ms: int = 30_000
+    # ReadBatches calls held at once (a stalled one holds its gRPC slot until its client
+    # goes); at most a quarter of raft_transport.max_concurrent_rpcs (checked below).
+    replica_read_max_calls: int = 1_000
 
     def __post_init__(self) -> None:
         _at_least(
@@ -163,6 +169,8 @@ class BrokerConfig:
             "replica_fetch_max_bytes",
             "replica_fetch_response_max_bytes",
             "replica_high_watermark_checkpoint_interval_ms",
+            "replica_read_write_timeout_ms",
+            "replica_read_max_calls",
             "fetch_session_expiry_ms",
         )
         _at_least(
@@ -470,6 +478,15 @@ def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
     except ValueError as e:
         keys = ("raft.fetch_max_bytes", "raft.max_batch_bytes", "raft.snapshot_chunk_bytes")
         yield _finding(str(e), "raft_transport.max_message_bytes", *keys)
+    reads, rpcs = c.broker.replica_read_max_calls, c.raft_transport.max_concurrent_rpcs
+    if Role.BROKER in c.process_roles and reads > rpcs // 4:
+        message = (
+            f"replica_read_max_calls ({reads}) must be at most a quarter of "
+            f"raft_transport.max_concurrent_rpcs ({rpcs}): the controller API may hold half of "
+            "the server's calls, and Raft needs the rest"
+        )
+        keys = ("broker.replica_read_max_calls", "raft_transport.max_concurrent_rpcs")
+        yield _finding(message, *keys)
     idle_ms, fetch_timeout_ms = c.raft_transport.learned_peer_max_idle_ms, c.raft.fetch_timeout_ms
     if idle_ms <= fetch_timeout_ms:
         message = (

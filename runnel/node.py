@@ -97,6 +97,7 @@ class RunnelNode:
         self.lifecycle: BrokerLifecycle | None = None
         self.client: ControllerClient | None = None
         self.kafka: KafkaBroker | None = None
+        self.replica_read: ReplicaReadService | None = None
         try:
             self._build_roles()
         except BaseException:
@@ -148,8 +149,12 @@ class RunnelNode:
                 config.broker.heartbeat_interval_ms,
             )
             self.kafka = self._kafka_broker(self.client, self.lifecycle)
-            replica_read = ReplicaReadService(ReplicaManagerSource(self.kafka.replicas))
-            self.transport.add_service(replica_read.register)
+            self.replica_read = ReplicaReadService(
+                ReplicaManagerSource(self.kafka.replicas),
+                write_timeout_ms=config.broker.replica_read_write_timeout_ms,
+                max_calls=config.broker.replica_read_max_calls,
+            )
+            self.transport.add_service(self.replica_read.register)
 
     def _transport(self) -> GrpcTransport:
         config = self.config

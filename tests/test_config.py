@@ -316,6 +316,11 @@ CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
         ),
         ({"broker": {"heartbeat_interval_ms": -2000}}, "broker.heartbeat_interval_ms", "least 1"),
         (
+            {"broker": {"replica_read_write_timeout_ms": 0}},
+            "broker.replica_read_write_timeout_ms",
+            "at least 1",
+        ),
+        (
             {"broker": {"heartbeat_interval_ms": 9000}},
             "broker.heartbeat_interval_ms",
             "must be below controller.broker_session_timeout_ms (9000)",

@@ -273,6 +273,125 @@ def test_a_closed_log_is_unavailable(new_log: Any) -> None:
     assert error.code() is grpc.StatusCode.UNAVAILABLE and "was closed" in str(error.details())
 
 
+async def read_on(call: Any) -> tuple[int, grpc.aio.AioRpcError | None]:
+    """Read ``call`` to its end: the batches got and the error that ended it (None: OK)."""
+    got = 0
+    try:
+        while (chunk := await call.read()) is not grpc.aio.EOF:
+            got += len(chunk.batches)
+    except grpc.aio.AioRpcError as e:
+        return got, e
+    return got, None
+
+
+async def answered(address: str) -> grpc.StatusCode:
+    """One small call's outcome; RESOURCE_EXHAUSTED while the server's slots are all taken."""
+    try:
+        await read(address, request(max_batches=1))
+    except grpc.aio.AioRpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():  # callers bound the wait
+        await asyncio.sleep(0.01)
+
+
+async def until_answered(address: str) -> grpc.StatusCode:
+    """Ask until not refused RESOURCE_EXHAUSTED (a slot is given back once the server has
+    seen its call's status out); callers bound the wait."""
+    while (code := await answered(address)) is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        await asyncio.sleep(0.01)
+    return code
+
+
+def test_a_client_that_stops_reading_is_ended_after_the_write_timeout(new_log: Any) -> None:
+    """A chunk the client leaves untaken for write_timeout_ms ends the call: the handler and
+    its cursor go, and the client reading on gets what was sent, then DEADLINE_EXCEEDED. The
+    server's RPC slot is held until then (grpc.aio sends the status behind the untaken
+    chunk, and cannot withdraw it): a server of one slot refuses others meanwhile."""
+    log = new_log("t-0")
+    fill(log, 5_000)  # 5 chunks of about 18 KB
+    service = ReplicaReadService(Logs(1, {"t-0": log}), write_timeout_ms=200)
+    # The client's stream window kept small (no BDP growth, 1 KB ahead of the reader): the
+    # server's writes wait after a chunk or two, not after the whole call.
+    small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+    async def main() -> tuple[int, grpc.aio.AioRpcError | None, grpc.StatusCode, grpc.StatusCode]:
+        server = grpc.aio.server(maximum_concurrent_rpcs=1)
+        service.register(server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(address, options=small_window) as channel:
+                call = replica_pb2_grpc.ReplicaReadServiceStub(channel).ReadBatches(request())
+                first = await call.read()  # the handler is running now; then read no more
+                await asyncio.wait_for(until(lambda: service.calls_in_progress == 0), 10)
+                while_stalled = await answered(address)
+                got, error = await read_on(call)
+            after = await asyncio.wait_for(until_answered(address), 10)
+            return len(first.batches) + got, error, while_stalled, after
+        finally:
+            await server.stop(None)
+
+    got, error, while_stalled, after = run(main)
+    assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED, error
+    assert error.details() == "the client took no chunk for 200 ms: call ended"
+    assert 0 < got < 5_000 and got % BATCHES_PER_CHUNK == 0
+    assert while_stalled is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert after is grpc.StatusCode.OK
+
+
+def test_calls_held_are_capped_so_stalled_readers_leave_the_server_s_other_slots(
+    new_log: Any,
+) -> None:
+    """A stalled call holds its gRPC slot until the client goes (above); at most max_calls
+    are held, so one more ReadBatches is refused by the service (RESOURCE_EXHAUSTED naming
+    the setting) while the server still has slots for other calls, and the count goes down
+    once gRPC has closed the stalled call."""
+    log = new_log("t-0")
+    fill(log, 5_000)
+    service = ReplicaReadService(Logs(1, {"t-0": log}), write_timeout_ms=60_000, max_calls=1)
+    small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+    async def main() -> tuple[grpc.aio.AioRpcError, grpc.StatusCode]:
+        server = grpc.aio.server(maximum_concurrent_rpcs=3)
+        service.register(server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(address, options=small_window) as channel:
+                call = replica_pb2_grpc.ReplicaReadServiceStub(channel).ReadBatches(request())
+                await call.read()  # held: read no more
+                assert service.calls_held == 1
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await read(address, request(max_batches=1))
+                assert service.calls_held == 1  # the refused call never counted
+                call.cancel()
+                await asyncio.wait_for(until(lambda: service.calls_held == 0), 10)
+            return refused.value, await answered(address)
+        finally:
+            await server.stop(None)
+
+    refused, after = run(main)
+    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.details() == (
+        "broker 1 holds 1 replica reads (broker.replica_read_max_calls); try again"
+    )
+    assert after is grpc.StatusCode.OK
+
+
+def test_max_calls_is_at_least_one() -> None:
+    with pytest.raises(ValueError, match="max_calls must be at least 1, got 0"):
+        ReplicaReadService(Logs(1, {}), max_calls=0)
+
+
+def test_the_write_timeout_is_at_least_a_millisecond() -> None:
+    with pytest.raises(ValueError, match="write_timeout_ms must be at least 1, got 0"):
+        ReplicaReadService(Logs(1, {}), write_timeout_ms=0)
+
+
 # -- the header walk ---------------------------------------------------------------------------
 
 
@@ -560,22 +679,25 @@ def test_a_combined_node_serves_its_replicas_on_the_controller_listener(tmp_path
 
 def test_before_its_logs_are_open_a_node_is_not_serving_yet(tmp_path: Path) -> None:
     path, controller_port, _ = write_config(tmp_path)
+    env = {"RUNNEL_BROKER__REPLICA_READ_WRITE_TIMEOUT_MS": "1234"}
 
-    async def main() -> grpc.aio.AioRpcError:
-        node = RunnelNode(load_config(path, {}))
+    async def main() -> tuple[grpc.aio.AioRpcError, int | None]:
+        node = RunnelNode(load_config(path, env))
         await node.transport.start()  # the listener only: no metadata, no logs
         try:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await read(f"127.0.0.1:{controller_port}", request())
-            return caught.value
+            service = node.replica_read
+            return caught.value, service.write_timeout_ms if service is not None else None
         finally:
             await node.transport.close()
             assert node.client is not None
             await node.client.close()
 
-    error = run(main)
+    error, write_timeout_ms = run(main)
     assert error.code() is grpc.StatusCode.UNAVAILABLE
     assert error.details() == "broker 1 is not serving partitions yet"
+    assert write_timeout_ms == 1234  # broker.replica_read_write_timeout_ms
 
 
 class _BusyThenServing:
