@@ -485,8 +485,9 @@ def _limit_findings(c: NodeConfig) -> Iterator[Finding]:
             f"raft_transport.max_concurrent_rpcs ({rpcs}): the controller API may hold half of "
             "the server's calls, and Raft needs the rest"
         )
-        keys = ("broker.replica_read_max_calls", "raft_transport.max_concurrent_rpcs")
-        yield _finding(message, *keys)
+        yield _finding(
+            message, "broker.replica_read_max_calls", "raft_transport.max_concurrent_rpcs"
+        )
     idle_ms, fetch_timeout_ms = c.raft_transport.learned_peer_max_idle_ms, c.raft.fetch_timeout_ms
     if idle_ms <= fetch_timeout_ms:
         message = (
