@@ -23,16 +23,18 @@ which the callers pass as ``unclean``. ``unclean=None`` means never, whatever th
 (a controlled shutdown, a replaced incarnation).
 
 Requests: ``alter_partition`` is a leader proposing a new ISR, checked against the leader
-epoch, the partition epoch and each member's registration; ``elect_preferred_leaders`` moves
-leadership back to each partition's first replica; ``rebalance_leaders`` does the same for
-the periodic balancing the placement module asks for.
+epoch, the partition epoch and each member's registration; ElectLeaders is
+``elect_preferred_leaders`` (leadership back to each partition's first replica) or
+``elect_unclean_leaders`` (a leader for a partition without one, outside the ISR if need
+be, whatever the configs say: the operator asks for it); ``rebalance_leaders`` does what
+the first does for the periodic balancing the placement module asks for.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, cast
 
 from controller.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionState
@@ -48,8 +50,9 @@ __all__ = [
     "ElectionResult",
     "alive_brokers",
     "alter_partition",
-    "elect_preferred_leaders",
     "elect_leaderless",
+    "elect_preferred_leaders",
+    "elect_unclean_leaders",
     "fence_broker",
     "hit_limit",
     "move_leaders_away",
@@ -62,7 +65,7 @@ TopicRef = bytes | str  # a topic id, or a topic name
 
 
 class ElectionResult(NamedTuple):
-    """One partition's answer to a preferred-leader election (``cpb.NONE`` when elected)."""
+    """One partition's answer to an ElectLeaders request (``cpb.NONE`` when elected)."""
 
     topic: str
     partition: int
@@ -335,7 +338,7 @@ def _ineligible(image: MetadataImage, p: PartitionState, member: cpb.IsrMember) 
     return ""
 
 
-# -- preferred leaders -------------------------------------------------------------------------
+# -- ElectLeaders and preferred leaders --------------------------------------------------------
 
 
 def elect_preferred_leaders(
@@ -343,15 +346,45 @@ def elect_preferred_leaders(
     partitions: Iterable[tuple[TopicRef, int]] | None,
     limit: int = MAX_PARTITION_CHANGES,
 ) -> Outcome[list[ElectionResult]]:
-    """Moves leadership to each partition's first replica. ``partitions`` names topics by id
-    or by name, at most ``limit`` of them (INVALID_REQUEST otherwise); ``None`` means every
-    partition, and then, as in Kafka, partitions whose preferred replica already leads are
-    left out of the answer, and after ``limit`` moves the rest are left for another request
-    (one decision stays small)."""
+    """ElectLeaders PREFERRED: moves leadership to each partition's first replica where it
+    is alive and in the ISR (PREFERRED_LEADER_NOT_AVAILABLE otherwise; ELECTION_NOT_NEEDED
+    where it leads already). ``partitions`` and ``limit``: ``_elect_each``."""
+    return _elect_each(image, partitions, limit, _elect_preferred)
+
+
+def elect_unclean_leaders(
+    image: MetadataImage,
+    partitions: Iterable[tuple[TopicRef, int]] | None,
+    limit: int = MAX_PARTITION_CHANGES,
+) -> Outcome[list[ElectionResult]]:
+    """ElectLeaders UNCLEAN (Kafka's ``Election.UNCLEAN``): a partition that has a leader
+    needs no election (ELECTION_NOT_NEEDED); one without gets its first alive ISR member in
+    replica order, else its first alive replica, which then becomes the whole ISR (logged
+    at ERROR, as every unclean election is); with no replica alive,
+    ELIGIBLE_LEADERS_NOT_AVAILABLE. ``unclean.leader.election.enable`` plays no part: the
+    request is the operator asking for it, as in Kafka. ``partitions`` and ``limit``:
+    ``_elect_each``."""
+    return _elect_each(image, partitions, limit, _elect_unclean)
+
+
+# One partition's election: its change (None: none) and its answer's error and message.
+_ElectOne = Callable[[PartitionState, frozenset[int]], tuple[pb.MetadataRecord | None, int, str]]
+
+
+def _elect_each(
+    image: MetadataImage,
+    partitions: Iterable[tuple[TopicRef, int]] | None,
+    limit: int,
+    elect: _ElectOne,
+) -> Outcome[list[ElectionResult]]:
+    """What both ElectLeaders types share. ``partitions`` names topics by id or by name,
+    at most ``limit`` of them (INVALID_REQUEST otherwise), each answered once in the order
+    asked (UNKNOWN_TOPIC_OR_PARTITION where there is no such partition); ``None`` means
+    every partition, and then, as in Kafka, partitions that need no election are left out
+    of the answer, and after ``limit`` changes the rest are left for another request (one
+    decision stays small)."""
     every = partitions is None
-    if partitions is None:
-        partitions = ((p.topic_id, p.partition_id) for p in _partition_states(image))
-    else:
+    if partitions is not None:
         partitions = list(dict.fromkeys(partitions))
         if len(partitions) > limit:
             raise DecisionError(
@@ -361,36 +394,69 @@ def elect_preferred_leaders(
     alive = alive_brokers(image)
     records: list[pb.MetadataRecord] = []
     results = []
-    for topic, partition_id in dict.fromkeys(partitions):  # each once, in the order asked
+    for name, partition_id, p in _named_partitions(image, partitions):
         if len(records) >= limit:
             break
-        record, result = _elect_preferred(image, topic, partition_id, alive)
+        if p is None:
+            unknown = cpb.UNKNOWN_TOPIC_OR_PARTITION
+            message = f"no partition {partition_id} of topic {name}"
+            results.append(ElectionResult(name, partition_id, unknown, message))
+            continue
+        record, error, message = elect(p, alive)
         if record is not None:
             records.append(record)
-        if not (every and result.error == cpb.ELECTION_NOT_NEEDED):
-            results.append(result)
+        if not (every and error == cpb.ELECTION_NOT_NEEDED):
+            results.append(ElectionResult(name, partition_id, error, message))
     return Outcome(tuple(records), results)
 
 
+def _named_partitions(
+    image: MetadataImage, partitions: Iterable[tuple[TopicRef, int]] | None
+) -> Iterator[tuple[str, int, PartitionState | None]]:
+    """Each partition asked for (every one for None) as (topic name, partition id, its
+    state or None when there is no such partition), once: a topic named both by name and by
+    id is one topic."""
+    if partitions is None:
+        for p in _partition_states(image):
+            yield image.topics[p.topic_id].name, p.partition_id, p
+        return
+    seen: set[tuple[TopicRef, int]] = set()
+    for topic, partition_id in partitions:
+        topic_id = image.topic_ids.get(topic) if isinstance(topic, str) else topic
+        topic_image = None if topic_id is None else image.topics.get(topic_id)
+        key = (topic if topic_image is None else topic_image.topic_id, partition_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        if topic_image is None:
+            yield _topic_label(topic), partition_id, None
+        else:
+            yield topic_image.name, partition_id, topic_image.partitions.get(partition_id)
+
+
 def _elect_preferred(
-    image: MetadataImage, topic: TopicRef, partition_id: int, alive: frozenset[int]
-) -> tuple[pb.MetadataRecord | None, ElectionResult]:
-    topic_id = image.topic_ids.get(topic) if isinstance(topic, str) else topic
-    topic_image = None if topic_id is None else image.topics.get(topic_id)
-    name = topic_image.name if topic_image is not None else _topic_label(topic)
-    p = None if topic_image is None else topic_image.partitions.get(partition_id)
-    if p is None:
-        message = f"no partition {partition_id} of topic {name}"
-        return None, ElectionResult(name, partition_id, cpb.UNKNOWN_TOPIC_OR_PARTITION, message)
+    p: PartitionState, alive: frozenset[int]
+) -> tuple[pb.MetadataRecord | None, int, str]:
     preferred = p.replicas[0]
     if p.leader == preferred:
-        message = f"preferred replica {preferred} already leads"
-        return None, ElectionResult(name, partition_id, cpb.ELECTION_NOT_NEEDED, message)
+        return None, cpb.ELECTION_NOT_NEEDED, f"preferred replica {preferred} already leads"
     if preferred not in alive or preferred not in p.isr:
         state = "not alive" if preferred not in alive else "not in the ISR"
         message = f"preferred replica {preferred} is {state}"
-        return None, ElectionResult(name, partition_id, cpb.PREFERRED_LEADER_NOT_AVAILABLE, message)
-    return _change(p, preferred, p.isr), ElectionResult(name, partition_id, cpb.NONE, "")
+        return None, cpb.PREFERRED_LEADER_NOT_AVAILABLE, message
+    return _change(p, preferred, p.isr), cpb.NONE, ""
+
+
+def _elect_unclean(
+    p: PartitionState, alive: frozenset[int]
+) -> tuple[pb.MetadataRecord | None, int, str]:
+    if p.leader != NO_LEADER:
+        return None, cpb.ELECTION_NOT_NEEDED, f"replica {p.leader} leads"
+    leader, isr = _elect(p.replicas, p.isr, alive, unclean=True)
+    if leader == NO_LEADER:
+        message = f"no replica of {list(p.replicas)} is alive"
+        return None, cpb.ELIGIBLE_LEADERS_NOT_AVAILABLE, message
+    return _change(p, leader, isr), cpb.NONE, ""
 
 
 def rebalance_leaders(

@@ -169,9 +169,20 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     async def ElectLeaders(
         self, request: cpb.ElectLeadersRequest, context: Context
     ) -> cpb.ElectLeadersResponse:
+        """ElectLeaders of the type asked (another: INVALID_REQUEST "Unknown election
+        type", as Kafka's controller refuses it), one answer per partition named (an
+        unknown topic's partitions: UNKNOWN_TOPIC_OR_PARTITION, as in Kafka)."""
+        elect = {
+            cpb.PREFERRED: elections.elect_preferred_leaders,
+            cpb.UNCLEAN: elections.elect_unclean_leaders,
+        }.get(request.election_type)
+        wanted = [(tp.topic, p) for tp in request.partitions for p in tp.partitions]
+
         def decide(image: MetadataImage) -> Outcome[cpb.ElectLeadersResponse]:
-            wanted = _partitions_of(image, request) if request.partitions else None
-            outcome = elections.elect_preferred_leaders(image, wanted)
+            if elect is None:
+                message = f"Unknown election type {request.election_type}"
+                raise DecisionError(cpb.INVALID_REQUEST, message)
+            outcome = elect(image, wanted if request.partitions else None)
             results = [
                 cpb.PartitionResult(
                     topic=r.topic,
@@ -408,15 +419,3 @@ def describe_topics(image: MetadataImage, names: Sequence[str]) -> cpb.DescribeT
         for key in sorted(entries):
             described.configs.add(name=key, value=entries[key])
     return response
-
-
-def _partitions_of(
-    image: MetadataImage, request: cpb.ElectLeadersRequest
-) -> list[tuple[bytes, int]]:
-    wanted = []
-    for tp in request.partitions:
-        topic = image.topic_by_name(tp.topic)
-        if topic is None:
-            raise DecisionError(cpb.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {tp.topic!r}")
-        wanted += [(topic.topic_id, p) for p in tp.partitions]
-    return wanted

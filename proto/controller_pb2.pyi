@@ -26,6 +26,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
     PREFERRED_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    ELIGIBLE_LEADERS_NOT_AVAILABLE: _ClassVar[ErrorCode]
     ELECTION_NOT_NEEDED: _ClassVar[ErrorCode]
     DUPLICATE_BROKER_REGISTRATION: _ClassVar[ErrorCode]
     BROKER_ID_NOT_REGISTERED: _ClassVar[ErrorCode]
@@ -33,6 +34,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
+
+class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREFERRED: _ClassVar[ElectionType]
+    UNCLEAN: _ClassVar[ElectionType]
 
 class AlterConfigOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +62,7 @@ POLICY_VIOLATION: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 STALE_BROKER_EPOCH: ErrorCode
 PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode
+ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorCode
 ELECTION_NOT_NEEDED: ErrorCode
 DUPLICATE_BROKER_REGISTRATION: ErrorCode
 BROKER_ID_NOT_REGISTERED: ErrorCode
@@ -63,6 +70,8 @@ NEW_LEADER_ELECTED: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
 UNKNOWN_TOPIC_ID: ErrorCode
+PREFERRED: ElectionType
+UNCLEAN: ElectionType
 SET: AlterConfigOp
 DELETE: AlterConfigOp
 APPEND: AlterConfigOp
@@ -296,10 +305,12 @@ class TopicPartitions(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ElectLeadersRequest(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "election_type")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_TYPE_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+    election_type: ElectionType
+    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ..., election_type: _Optional[_Union[ElectionType, str]] = ...) -> None: ...
 
 class PartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error", "message")

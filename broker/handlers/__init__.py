@@ -23,6 +23,7 @@ HANDLERS: Mapping[int, Handler] = {
     ApiKey.DESCRIBE_CONFIGS: configs.describe_configs,
     ApiKey.ALTER_CONFIGS: configs.alter_configs,
     ApiKey.CREATE_PARTITIONS: admin.create_partitions,
+    ApiKey.ELECT_LEADERS: admin.elect_leaders,
     ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
     ApiKey.DESCRIBE_CLUSTER: metadata.describe_cluster,
     ApiKey.FIND_COORDINATOR: groups.find_coordinator,

@@ -1,4 +1,5 @@
-"""CreateTopics, DeleteTopics and CreatePartitions: forwarded to the active controller.
+"""CreateTopics, DeleteTopics, CreatePartitions and ElectLeaders: forwarded to the active
+controller.
 
 How this works. The request becomes the controller's gRPC request; its per-topic answers
 become the Kafka response. A change is answered only once its records have committed (the
@@ -17,6 +18,15 @@ entry of the request. DeleteTopics v6 entries are checked here, where the names 
 are known, as Kafka's ControllerApis.deleteTopics checks them: both a name and an id, or
 neither, or a repeated id, or a name whose id is also given, is INVALID_REQUEST; an unknown id
 is UNKNOWN_TOPIC_ID; a deleted topic is answered with its id.
+
+ElectLeaders (PREFERRED or UNCLEAN) is answered per partition, grouped by topic, each named
+partition once; an empty list of partitions elects nothing (Kafka's QuorumController answers
+it at once), a null one every partition (the controller answers only those that needed an
+election). A request the controller refuses as a whole (an unknown election type), or that
+no controller answered, gets that error at the top (v1+) and for every partition named, as
+Kafka's ElectLeadersRequest.getErrorResponse answers. An elected partition is answered once
+this broker's image shows it elected: led by its first replica (PREFERRED), led at all
+(UNCLEAN).
 """
 
 from __future__ import annotations
@@ -33,13 +43,13 @@ from broker.handlers.topic_configs import effective_topic_configs
 from broker.protocol import ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.configs import canonical_value
-from controller.image import MetadataImage
+from controller.image import NO_LEADER, MetadataImage
 from controller.outcome import DecisionError
 from controller.records import ConfigResourceType
 from controller.topics import DUPLICATE_NAME, repeated
 from proto import controller_pb2 as cpb
 
-__all__ = ["create_partitions", "create_topics", "delete_topics", "wait_for_image"]
+__all__ = ["create_partitions", "create_topics", "delete_topics", "elect_leaders", "wait_for_image"]
 
 _log = logging.getLogger(__name__)
 IMAGE_POLL_S = 0.02
@@ -339,3 +349,67 @@ async def _create_partitions(context: BrokerContext, request: Any) -> dict[str, 
 
 def _ok(result: Any) -> bool:
     return result is not None and result.error == cpb.NONE
+
+
+# -- ElectLeaders ------------------------------------------------------------------------------
+
+
+def elect_leaders(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
+    return _elect_leaders(context, request)
+
+
+async def _elect_leaders(context: BrokerContext, request: Any) -> dict[str, Any]:
+    named = request.topic_partitions  # None: every partition
+    if named is not None and not named:
+        return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "replica_election_results": []}
+    forward = cpb.ElectLeadersRequest(
+        partitions=[
+            cpb.TopicPartitions(topic=t.topic, partitions=t.partitions) for t in named or ()
+        ],
+        election_type=request.election_type,  # v0: 0, PREFERRED
+    )
+    answer = await _call(context, "ElectLeaders", forward)
+    refused = answer is None or answer.header.error != cpb.NONE
+    results = {} if refused else {(r.topic, r.partition): r for r in answer.partitions}
+    elected = [key for key, r in results.items() if r.error == cpb.NONE]
+    if elected:
+        preferred = request.election_type == cpb.PREFERRED
+        await wait_for_image(
+            context,
+            lambda image: all(_elected(image, t, p, preferred) for t, p in elected),
+            _timeout_s(context, request.timeout_ms),
+        )
+    missing = _missing(answer)
+    top = missing["error_code"] if refused else ErrorCode.NONE
+    topics = _election_results(named, results, missing)
+    return {"throttle_time_ms": 0, "error_code": top, "replica_election_results": topics}
+
+
+def _election_results(
+    named: Any, results: dict[tuple[str, int], Any], missing: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The answer by topic: each partition named (every one answered, for a null list)
+    once, in the order asked; ``missing`` for those the controller did not answer."""
+    wanted = results if named is None else {(t.topic, p): 0 for t in named for p in t.partitions}
+    by_topic: dict[str, list[dict[str, Any]]] = {t.topic: [] for t in named or ()}
+    for topic, partition in wanted:
+        result = results.get((topic, partition))
+        outcome = missing if result is None else _election_outcome(result)
+        by_topic.setdefault(topic, []).append({"partition_id": partition} | outcome)
+    return [{"topic": t, "partition_result": answers} for t, answers in by_topic.items()]
+
+
+def _election_outcome(result: Any) -> dict[str, Any]:
+    if result.error == cpb.NONE:
+        return {"error_code": ErrorCode.NONE, "error_message": None}
+    return {"error_code": result.error, "error_message": result.message or None}
+
+
+def _elected(image: MetadataImage, topic: str, partition: int, preferred: bool) -> bool:
+    """Whether ``image`` shows the partition elected: led by its first replica (PREFERRED)
+    or led at all (UNCLEAN)."""
+    found = image.topic_by_name(topic)
+    p = None if found is None else found.partitions.get(partition)
+    if p is None:
+        return True  # deleted meanwhile: nothing to wait for
+    return p.leader == p.replicas[0] if preferred else p.leader != NO_LEADER

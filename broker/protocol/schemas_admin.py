@@ -1,5 +1,5 @@
 """Schemas of the admin APIs: CreateTopics, DeleteTopics, CreatePartitions,
-DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, ElectLeaders.
 
 Notation in ``schema.py``; inner structs are named first, then the messages that hold them.
 Facts follow the Kafka message definitions (clients/src/main/resources/common/message).
@@ -28,6 +28,7 @@ __all__ = [
     "CREATE_TOPICS",
     "DELETE_TOPICS",
     "DESCRIBE_CONFIGS",
+    "ELECT_LEADERS",
     "INCREMENTAL_ALTER_CONFIGS",
 ]
 
@@ -328,4 +329,53 @@ INCREMENTAL_ALTER_CONFIGS = ApiSpec(
         field("validate_only", BOOL),
     ),
     response=_alter_configs_response("IncrementalAlterConfigsResponse"),
+)
+
+ELECT_LEADERS = ApiSpec(
+    ApiKey.ELECT_LEADERS,
+    "ElectLeaders",
+    min_version=0,
+    max_version=2,
+    flexible_from=2,
+    request=struct(
+        "ElectLeadersRequest",
+        field("election_type", INT8, "1+"),  # before v1: 0, PREFERRED
+        field(
+            "topic_partitions",
+            array(
+                struct(
+                    "TopicPartitions",
+                    field("topic", STRING),
+                    field("partitions", array(INT32)),
+                )
+            ),
+            nullable="0+",  # null: every partition
+        ),
+        field("timeout_ms", INT32, default=60000),
+    ),
+    response=struct(
+        "ElectLeadersResponse",
+        field("throttle_time_ms", INT32),
+        field("error_code", INT16, "1+"),
+        field(
+            "replica_election_results",
+            array(
+                struct(
+                    "ReplicaElectionResult",
+                    field("topic", STRING),
+                    field(
+                        "partition_result",
+                        array(
+                            struct(
+                                "PartitionResult",
+                                field("partition_id", INT32),
+                                field("error_code", INT16),
+                                field("error_message", STRING, nullable="0+"),
+                            )
+                        ),
+                    ),
+                )
+            ),
+        ),
+    ),
 )

@@ -15,6 +15,7 @@ from broker.protocol.schemas_admin import (
     CREATE_TOPICS,
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
+    ELECT_LEADERS,
     INCREMENTAL_ALTER_CONFIGS,
 )
 from broker.protocol.schemas_cluster import (
@@ -44,6 +45,7 @@ API_SPECS: Mapping[int, ApiSpec] = MappingProxyType(
             DESCRIBE_CONFIGS,
             ALTER_CONFIGS,
             CREATE_PARTITIONS,
+            ELECT_LEADERS,
             INCREMENTAL_ALTER_CONFIGS,
             DESCRIBE_CLUSTER,
             FIND_COORDINATOR,

@@ -362,3 +362,122 @@ def test_only_produce_requests_keep_views_of_their_frame() -> None:
     assert KafkaDispatcher.frames_in_flight is False
     with_records = {k for k, spec in API_SPECS.items() if RECORDS in _struct_types(spec.request)}
     assert with_records == {ApiKey.PRODUCE}
+
+
+# -- ElectLeaders ------------------------------------------------------------------------------
+
+
+def answer_elections(
+    harness: Harness, answer: cpb.ElectLeadersResponse
+) -> list[cpb.ElectLeadersRequest]:
+    """The stand-in controller answers every ElectLeaders with ``answer``; the list fills with
+    what was forwarded."""
+    forwarded: list[cpb.ElectLeadersRequest] = []
+
+    async def call(method: str, request: Any) -> Any:
+        assert method == "ElectLeaders", method
+        forwarded.append(request)
+        return answer
+
+    harness.controller.call = call  # type: ignore[method-assign]
+    return forwarded
+
+
+def election_results(response: Any) -> list[tuple[str, list[tuple[int, int, str | None]]]]:
+    return [
+        (t.topic, [(p.partition_id, p.error_code, p.error_message) for p in t.partition_result])
+        for t in response.replica_election_results
+    ]
+
+
+UNKNOWN_PARTITION = "no partition 5 of topic orders"
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_elect_leaders_forwards_the_type_and_answers_each_partition_by_topic(
+    broker: Harness, version: int
+) -> None:
+    answer = cpb.ElectLeadersResponse(
+        partitions=[
+            cpb.PartitionResult(topic="orders", partition=0),
+            cpb.PartitionResult(
+                topic="orders",
+                partition=5,
+                error=cpb.UNKNOWN_TOPIC_OR_PARTITION,
+                message=UNKNOWN_PARTITION,
+            ),
+            cpb.PartitionResult(topic="nope", partition=0, error=cpb.UNKNOWN_TOPIC_OR_PARTITION),
+        ]
+    )
+    forwarded = answer_elections(broker, answer)
+    body = {
+        "election_type": 1,  # UNCLEAN; not in v0, which is PREFERRED
+        "topic_partitions": [
+            {"topic": "orders", "partitions": [0, 5, 0]},
+            {"topic": "nope", "partitions": [0]},
+            {"topic": "bare", "partitions": []},
+        ],
+        "timeout_ms": 5000,
+    }
+    response = broker.ask(ApiKey.ELECT_LEADERS, version, body)
+    ((request),) = forwarded
+    assert request.election_type == (cpb.PREFERRED if version == 0 else cpb.UNCLEAN)
+    assert [(t.topic, list(t.partitions)) for t in request.partitions] == [
+        ("orders", [0, 5, 0]),
+        ("nope", [0]),
+        ("bare", []),
+    ]
+    assert response.error_code == ErrorCode.NONE
+    assert election_results(response) == [
+        ("orders", [(0, ErrorCode.NONE, None), (5, 3, UNKNOWN_PARTITION)]),
+        ("nope", [(0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None)]),
+        ("bare", []),
+    ]
+
+
+def test_elect_leaders_of_every_partition_and_of_none(broker: Harness) -> None:
+    answer = cpb.ElectLeadersResponse(
+        partitions=[
+            cpb.PartitionResult(topic="orders", partition=0),
+            cpb.PartitionResult(
+                topic="other", partition=2, error=cpb.ELIGIBLE_LEADERS_NOT_AVAILABLE
+            ),
+        ]
+    )
+    forwarded = answer_elections(broker, answer)
+    every = broker.ask(ApiKey.ELECT_LEADERS, 2, {"election_type": 1, "topic_partitions": None})
+    ((request),) = forwarded
+    assert list(request.partitions) == [] and request.election_type == cpb.UNCLEAN
+    assert election_results(every) == [
+        ("orders", [(0, ErrorCode.NONE, None)]),
+        ("other", [(2, ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, None)]),
+    ]
+    none = broker.ask(ApiKey.ELECT_LEADERS, 2, {"election_type": 0, "topic_partitions": []})
+    assert (none.error_code, none.replica_election_results) == (ErrorCode.NONE, [])
+    assert len(forwarded) == 1  # an empty list elects nothing: not forwarded
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_elect_leaders_refused_as_a_whole_answers_every_partition_named(
+    broker: Harness, version: int
+) -> None:
+    """Kafka's ElectLeadersRequest.getErrorResponse: the error at the top (v1+) and for
+    each partition named."""
+    refusal = cpb.ResponseHeader(error=cpb.INVALID_REQUEST, message="Unknown election type 7")
+    answer_elections(broker, cpb.ElectLeadersResponse(header=refusal))
+    body = {
+        "election_type": 7,
+        "topic_partitions": [{"topic": "orders", "partitions": [0, 1]}],
+        "timeout_ms": 5000,
+    }
+    response = broker.ask(ApiKey.ELECT_LEADERS, version, body)
+    if version >= 1:
+        assert response.error_code == ErrorCode.INVALID_REQUEST
+    refused = (ErrorCode.INVALID_REQUEST, "Unknown election type 7")
+    assert election_results(response) == [("orders", [(0, *refused), (1, *refused)])]
+
+
+def test_api_versions_lists_elect_leaders_v0_to_v2(broker: Harness) -> None:
+    response = broker.ask(ApiKey.API_VERSIONS, 3, {})
+    versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+    assert versions[ApiKey.ELECT_LEADERS] == (0, 2)  # librdkafka 2.16 asks up to v2

@@ -611,6 +611,84 @@ def test_electing_every_partition_leaves_out_those_that_need_no_election() -> No
     assert part(replay(image, outcome.records), 0).leader == 1
 
 
+def unclean_cluster() -> MetadataImage:
+    """Brokers 3 and 4 fenced; the topic's own config forbids unclean election, which an
+    UNCLEAN ElectLeaders does not ask (Kafka's ReplicationControlManager.electLeader)."""
+    image = cluster(
+        [1, 2, 3, 4],
+        {
+            0: ([1, 2], [1, 2], 1),  # led: no election needed
+            1: ([3, 2, 1], [3, 1], NO_LEADER),  # ISR member 1 alive: a clean election
+            2: ([3, 2], [3], NO_LEADER),  # only the out-of-sync 2 alive: unclean
+            3: ([3, 4], [3], NO_LEADER),  # no replica alive
+        },
+        fenced=[3, 4],
+    )
+    return with_configs(image, (TOPIC, "orders", "false"), (BROKER, "", "false"))
+
+
+def test_unclean_election_answers_each_partition_and_elects_outside_the_isr_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    image = unclean_cluster()
+    asked: list[tuple[bytes | str, int]] = [
+        ("orders", 0),
+        ("orders", 1),
+        (ORDERS, 2),
+        ("orders", 3),
+        ("orders", 2),  # again: answered once
+        ("orders", 9),
+        ("nope", 0),
+        (UNKNOWN, 0),
+    ]
+    with caplog.at_level(logging.ERROR, logger="controller.elections"):
+        outcome = elections.elect_unclean_leaders(image, asked)
+    assert [(r.topic, r.partition, r.error) for r in outcome.response] == [
+        ("orders", 0, cpb.ELECTION_NOT_NEEDED),
+        ("orders", 1, cpb.NONE),
+        ("orders", 2, cpb.NONE),
+        ("orders", 3, cpb.ELIGIBLE_LEADERS_NOT_AVAILABLE),
+        ("orders", 9, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+        ("nope", 0, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+        (f"(topic id {UNKNOWN.hex()})", 0, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
+    after = replay(image, outcome.records)
+    assert set(changes(outcome.records)) == {1, 2}
+    clean, unclean = part(after, 1), part(after, 2)
+    assert (clean.leader, clean.isr, clean.leader_epoch) == (1, (3, 1), 1)
+    assert (unclean.leader, unclean.isr, unclean.leader_epoch) == (2, (2,), 1)
+    (said,) = [r.getMessage() for r in caplog.records if "UNCLEAN" in r.getMessage()]
+    assert said.startswith("UNCLEAN LEADER ELECTION") and "replica 2, outside the ISR (3,)" in said
+
+
+def test_unclean_election_of_every_partition_leaves_out_those_with_a_leader() -> None:
+    image = unclean_cluster()
+    outcome = elections.elect_unclean_leaders(image, None)
+    assert [(r.partition, r.error) for r in outcome.response] == [
+        (1, cpb.NONE),
+        (2, cpb.NONE),
+        (3, cpb.ELIGIBLE_LEADERS_NOT_AVAILABLE),
+    ]
+    after = replay(image, outcome.records)
+    assert [
+        (r.partition, r.error) for r in elections.elect_unclean_leaders(after, None).response
+    ] == [(3, cpb.ELIGIBLE_LEADERS_NOT_AVAILABLE)]
+
+
+def test_unclean_elections_change_at_most_limit_partitions_per_decision() -> None:
+    image = cluster(partitions={p: ([1, 2], [1], NO_LEADER) for p in range(5)}, fenced=[1])
+    every = elections.elect_unclean_leaders(image, None, limit=3)
+    assert (len(every.records), [r.partition for r in every.response]) == (3, [0, 1, 2])
+    after = replay(image, every.records)
+    rest = elections.elect_unclean_leaders(after, None, limit=3)
+    assert [r.partition for r in rest.response] == [3, 4] and len(rest.records) == 2
+    named = [(ORDERS, p) for p in range(5)]
+    with pytest.raises(DecisionError) as e:
+        elections.elect_unclean_leaders(image, named, limit=3)
+    assert e.value.code == cpb.INVALID_REQUEST
+    assert len(elections.elect_unclean_leaders(image, named[:3], limit=3).records) == 3
+
+
 def test_rebalancing_moves_leaders_back_to_live_preferred_replicas() -> None:
     image = cluster(
         partitions={0: ([1, 2, 3], [1, 2, 3], 2), 1: ([2, 3, 1], [2, 3, 1], 3)},

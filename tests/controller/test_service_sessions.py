@@ -134,10 +134,36 @@ def test_elect_leaders_moves_leadership_to_the_preferred_replicas_named() -> Non
         assert [(r.partition, r.error) for r in every.partitions] == [(1, cpb.NONE)]
         assert controller.committed_image.topics[ORDERS].partitions[1].leader == 2
         unknown = cpb.ElectLeadersRequest(
-            partitions=[cpb.TopicPartitions(topic="nope", partitions=[0])]
+            partitions=[
+                cpb.TopicPartitions(topic="nope", partitions=[0]),
+                cpb.TopicPartitions(topic="orders", partitions=[1]),
+            ]
         )
-        refused = await service.ElectLeaders(unknown, None)  # type: ignore[arg-type]
-        assert refused.header.error == cpb.UNKNOWN_TOPIC_OR_PARTITION
+        answered = await service.ElectLeaders(unknown, None)  # type: ignore[arg-type]
+        assert answered.header.error == cpb.NONE  # each partition answered, as in Kafka
+        assert [(r.topic, r.partition, r.error) for r in answered.partitions] == [
+            ("nope", 0, cpb.UNKNOWN_TOPIC_OR_PARTITION),
+            ("orders", 1, cpb.ELECTION_NOT_NEEDED),
+        ]
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_elect_leaders_unclean_elects_an_out_of_sync_replica_and_refuses_unknown_types() -> None:
+    async def main() -> None:
+        # Partition 0's last ISR member (3) is fenced; replica 2 is alive and out of sync.
+        image = cluster(partitions={0: ([3, 2], [3], -1), 1: ([1, 2], [1, 2], 1)}, fenced=[3])
+        controller = StandInController(image)  # unclean election off: the request asks it
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        odd = cpb.ElectLeadersRequest(election_type=7)  # type: ignore[arg-type]
+        refused = await service.ElectLeaders(odd, None)  # type: ignore[arg-type]
+        assert refused.header.error == cpb.INVALID_REQUEST
+        assert refused.header.message == "Unknown election type 7"
+        every = cpb.ElectLeadersRequest(election_type=cpb.UNCLEAN)
+        answer = await service.ElectLeaders(every, None)  # type: ignore[arg-type]
+        assert [(r.partition, r.error) for r in answer.partitions] == [(0, cpb.NONE)]
+        p = controller.committed_image.topics[ORDERS].partitions[0]
+        assert (p.leader, p.isr) == (2, (2,))
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
