@@ -306,6 +306,22 @@ async def until_answered(address: str) -> grpc.StatusCode:
     return code
 
 
+# A client's stream window kept small (no BDP growth, 1 KB ahead of the reader): the
+# server's writes wait after a chunk or two, not after the whole call.
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+async def started_server(
+    service: ReplicaReadService, maximum_concurrent_rpcs: int
+) -> tuple[grpc.aio.Server, str]:
+    """A started gRPC server of ``service`` alone, and its address."""
+    server = grpc.aio.server(maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+    service.register(server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    return server, address
+
+
 def test_a_client_that_stops_reading_is_ended_after_the_write_timeout(new_log: Any) -> None:
     """A chunk the client leaves untaken for write_timeout_ms ends the call: the handler and
     its cursor go, and the client reading on gets what was sent, then DEADLINE_EXCEEDED. The
@@ -314,17 +330,11 @@ def test_a_client_that_stops_reading_is_ended_after_the_write_timeout(new_log: A
     log = new_log("t-0")
     fill(log, 5_000)  # 5 chunks of about 18 KB
     service = ReplicaReadService(Logs(1, {"t-0": log}), write_timeout_ms=200)
-    # The client's stream window kept small (no BDP growth, 1 KB ahead of the reader): the
-    # server's writes wait after a chunk or two, not after the whole call.
-    small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
     async def main() -> tuple[int, grpc.aio.AioRpcError | None, grpc.StatusCode, grpc.StatusCode]:
-        server = grpc.aio.server(maximum_concurrent_rpcs=1)
-        service.register(server)
-        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
+        server, address = await started_server(service, maximum_concurrent_rpcs=1)
         try:
-            async with grpc.aio.insecure_channel(address, options=small_window) as channel:
+            async with grpc.aio.insecure_channel(address, options=SMALL_WINDOW) as channel:
                 call = replica_pb2_grpc.ReplicaReadServiceStub(channel).ReadBatches(request())
                 first = await call.read()  # the handler is running now; then read no more
                 await asyncio.wait_for(until(lambda: service.calls_in_progress == 0), 10)
@@ -353,15 +363,11 @@ def test_calls_held_are_capped_so_stalled_readers_leave_the_server_s_other_slots
     log = new_log("t-0")
     fill(log, 5_000)
     service = ReplicaReadService(Logs(1, {"t-0": log}), write_timeout_ms=60_000, max_calls=1)
-    small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
     async def main() -> tuple[grpc.aio.AioRpcError, grpc.StatusCode]:
-        server = grpc.aio.server(maximum_concurrent_rpcs=3)
-        service.register(server)
-        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
+        server, address = await started_server(service, maximum_concurrent_rpcs=3)
         try:
-            async with grpc.aio.insecure_channel(address, options=small_window) as channel:
+            async with grpc.aio.insecure_channel(address, options=SMALL_WINDOW) as channel:
                 call = replica_pb2_grpc.ReplicaReadServiceStub(channel).ReadBatches(request())
                 await call.read()  # held: read no more
                 assert service.calls_held == 1

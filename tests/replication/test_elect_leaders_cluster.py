@@ -20,7 +20,12 @@ from typing import Any
 import fault_cluster as rc
 import pytest
 from confluent_kafka import ElectionType, KafkaError, TopicPartition
-from test_unclean_election_cluster import SESSION_MS, produce
+from test_unclean_election_cluster import (
+    CONTROLLER_DEFAULT_OFF,
+    kill_the_leader_alone_in_the_isr,
+    produce,
+    wait_offline,
+)
 
 replication_cluster = rc.replication_cluster
 CONTROLLER = 1
@@ -73,10 +78,7 @@ def test_preferred_election_hands_leadership_back_to_the_first_replica(
 
 
 @pytest.mark.slow
-@rc.with_settings(
-    controller={"broker_session_timeout_ms": SESSION_MS},
-    broker={"replica_lag_time_max_ms": 2_000},
-)
+@CONTROLLER_DEFAULT_OFF
 def test_unclean_election_brings_back_an_offline_partition_with_unclean_election_off(
     replication_cluster: Any,
 ) -> None:
@@ -88,26 +90,8 @@ def test_unclean_election_brings_back_an_offline_partition_with_unclean_election
     kept = produce(c, topic, [f"kept-{i}" for i in range(10)])
     assert not_needed(elect(c, leader, ElectionType.UNCLEAN, topic), topic)
 
-    for follower in followers:
-        c.pause(follower)
-    c.wait_partitions(
-        f"the ISR down to the leader {leader}",
-        topic,
-        lambda v: v[0].isr == (leader,),
-        SESSION_MS / 1000 - 3,
-        via=[leader],
-    )
-    lost = produce(c, topic, [f"lost-{i}" for i in range(10)])  # on the leader alone
-    c.kill(leader)
-    for follower in followers:
-        c.resume(follower)
-    c.wait_partitions(
-        f"no leader once {leader} is fenced (unclean election is off)",
-        topic,
-        lambda v: v[0].leader == -1,
-        SESSION_MS / 1000 + 15,
-        via=followers,
-    )
+    lost = kill_the_leader_alone_in_the_isr(c, topic, leader, followers)
+    wait_offline(c, topic, leader, followers)
     log_position = c.log_size(CONTROLLER)
 
     asked = followers[0]

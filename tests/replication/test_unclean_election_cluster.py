@@ -107,13 +107,12 @@ def allow_unclean_election(c: Any, topic: str, via: list[int]) -> None:
         future.result(timeout=30)
 
 
-def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool = False) -> None:
-    topic = "unclean"
-    [view] = c.create_topic(topic, 1, min_insync=1, configs=configs)
-    leader = view.leader
-    followers = [b for b in view.replicas if b != leader]
-    kept = produce(c, topic, [f"kept-{i}" for i in range(10)])
-
+def kill_the_leader_alone_in_the_isr(
+    c: Any, topic: str, leader: int, followers: list[int]
+) -> dict[str, int]:
+    """Pause the followers until partition 0's ISR is ``leader`` alone (they stay unfenced),
+    have it acknowledge records alone (returned: they die with it), kill it and resume the
+    followers: the partition then has only out-of-sync replicas alive."""
     for follower in followers:
         c.pause(follower)
     c.wait_partitions(
@@ -124,20 +123,34 @@ def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool
         via=[leader],
     )
     lost = produce(c, topic, [f"lost-{i}" for i in range(10)])  # on the leader alone
-    log_position = c.log_size(CONTROLLER)
     listed = c.unfenced(leader)
     assert set(followers) <= set(listed), f"followers fenced ({listed} listed)\n{c.story()}"
     c.kill(leader)
     for follower in followers:
         c.resume(follower)
+    return lost
+
+
+def wait_offline(c: Any, topic: str, leader: int, followers: list[int]) -> None:
+    c.wait_partitions(
+        f"no leader once {leader} is fenced (unclean election not allowed)",
+        topic,
+        lambda v: v[0].leader == -1,
+        SESSION_MS / 1000 + 15,
+        via=followers,
+    )
+
+
+def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool = False) -> None:
+    topic = "unclean"
+    [view] = c.create_topic(topic, 1, min_insync=1, configs=configs)
+    leader = view.leader
+    followers = [b for b in view.replicas if b != leader]
+    kept = produce(c, topic, [f"kept-{i}" for i in range(10)])
+    log_position = c.log_size(CONTROLLER)
+    lost = kill_the_leader_alone_in_the_isr(c, topic, leader, followers)
     if allow_when_offline:
-        c.wait_partitions(
-            f"no leader once {leader} is fenced (unclean election not allowed yet)",
-            topic,
-            lambda v: v[0].leader == -1,
-            SESSION_MS / 1000 + 15,
-            via=followers,
-        )
+        wait_offline(c, topic, leader, followers)
         allow_unclean_election(c, topic, followers)
 
     views = c.wait_partitions(
