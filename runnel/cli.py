@@ -7,7 +7,7 @@ runs the chosen handler and turns the outcome into an exit code. Groups so far:
     runnel log dump|verify|produce   read and write partition logs on disk (log_tools.py)
     runnel node --config FILE        run one node (node.py)
     runnel cluster up|down|status    a local cluster of node processes (cluster_command.py)
-    runnel topics create|list|describe|delete   topics, via the controller (topics_command.py)
+    runnel topics create|list|describe|delete|elect   topics, via the controller (topics_command.py)
     runnel produce TOPIC / runnel consume TOPIC  records, with confluent-kafka (*_command.py)
     runnel replicas verify           compare partitions' replicas (replicas_command.py)
 

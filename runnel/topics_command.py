@@ -5,6 +5,7 @@
     runnel topics list [--json]
     runnel topics describe NAME [--json]
     runnel topics delete NAME
+    runnel topics elect [NAME [--partition P ...]] [--unclean]
 
 Every command takes ``--bootstrap HOST:PORT[,HOST:PORT]`` (controller addresses) or, by
 default, reaches the local cluster of ``--data-dir`` (see ``admin.py``). The controller
@@ -12,6 +13,14 @@ decides and validates (names, counts, replication factor against the unfenced br
 configs); an error it returns is printed with its Kafka error code name and message and the
 command exits with 1, having changed nothing. Topic ids are shown as Kafka shows them:
 URL-safe base64 without padding.
+
+``elect`` is Kafka's ElectLeaders (``kafka-leader-election.sh``): by default a preferred
+election (leadership back to each partition's first replica, where it is alive and in the
+ISR); with ``--unclean``, a leader for each partition that has none, outside the ISR if no
+ISR member is alive (records only the old ISR had are lost: the controller logs it at ERROR),
+whatever ``unclean.leader.election.enable`` says. Without NAME, every partition (those that
+need nothing are not listed). Each partition's outcome is printed; the command exits with 1
+if any partition could not be elected (one that needed no election is not a failure).
 """
 
 from __future__ import annotations
@@ -22,7 +31,15 @@ import json
 from typing import Any
 
 from runnel.admin import add_target_options, call, error_name, resolve_controllers
-from runnel.commands import EXIT_OK, CommandError, Subparsers, positive_int, set_handler
+from runnel.commands import (
+    EXIT_OK,
+    CommandError,
+    Subparsers,
+    UsageError,
+    non_negative_int,
+    positive_int,
+    set_handler,
+)
 
 __all__ = ["register"]
 
@@ -48,7 +65,22 @@ def register(groups: Subparsers) -> None:
     delete = commands.add_parser("delete", help="delete a topic")
     delete.add_argument("name", metavar="NAME")
     set_handler(delete, _delete)
-    for command in (listing, describe, delete):
+    elect = commands.add_parser("elect", help="elect leaders: preferred, or --unclean")
+    elect.add_argument("name", metavar="NAME", nargs="?", help="default: every partition")
+    elect.add_argument(
+        "--partition",
+        type=non_negative_int,
+        action="append",
+        metavar="P",
+        help="a partition of NAME (repeatable; default: all of them)",
+    )
+    elect.add_argument(
+        "--unclean",
+        action="store_true",
+        help="elect partitions without a leader, outside the ISR if need be (loses data)",
+    )
+    set_handler(elect, _elect)
+    for command in (listing, describe, delete, elect):
         add_target_options(command)
 
 
@@ -138,6 +170,39 @@ def _delete(args: argparse.Namespace) -> int:
     (result,) = response.topics
     _check(result.name, result.error, result.message)
     print(f"deleted topic {result.name}")
+    return EXIT_OK
+
+
+def _elect(args: argparse.Namespace) -> int:
+    from proto import controller_pb2 as cpb
+
+    if args.partition and args.name is None:
+        raise UsageError("--partition needs a topic NAME")
+    partitions = []
+    if args.name is not None:
+        numbers = sorted(set(args.partition or ()))
+        if not numbers:
+            (topic,) = _describe_topics(args, [args.name])
+            _check(topic.name, topic.error, "no such topic")
+            numbers = [p.partition_id for p in topic.partitions]
+        partitions = [cpb.TopicPartitions(topic=args.name, partitions=numbers)]
+    kind = cpb.UNCLEAN if args.unclean else cpb.PREFERRED
+    request = cpb.ElectLeadersRequest(partitions=partitions, election_type=kind)
+    response = call(resolve_controllers(args), "ElectLeaders", request)
+    failed = 0
+    for r in response.partitions:
+        if r.error == 0:
+            outcome = "elected"
+        elif r.error == cpb.ELECTION_NOT_NEEDED:
+            outcome = f"no election needed ({r.message})"
+        else:
+            outcome = f"{error_name(r.error)}: {r.message}"
+            failed += 1
+        print(f"{r.topic}-{r.partition}: {outcome}")
+    if not response.partitions:
+        print("no partition needed an election")
+    if failed:
+        raise CommandError(f"{failed} partition(s) not elected")
     return EXIT_OK
 
 

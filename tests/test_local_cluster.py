@@ -375,4 +375,20 @@ def test_up_once_into_a_closed_pipe_leaves_the_cluster_up_and_status_tells_unhea
     assert text.returncode == 1, text.stdout + text.stderr
     assert text.stdout.splitlines()[-1] == f"health: UNHEALTHY: {'; '.join(expected)}"
     assert "the cluster is unhealthy" in text.stderr
+
+    # Elections on request (`runnel topics elect`, Kafka's ElectLeaders): the dead broker's
+    # partition has no replica left to elect, even uncleanly; the other needs nothing.
+    partitions = cluster.describe("solo")["partitions"]
+    (dead,) = [p["partition"] for p in partitions if p["leader"] == -1]
+    unclean = cluster.run("topics", "elect", "solo", "--unclean")
+    assert unclean.returncode == 1, unclean.stdout + unclean.stderr
+    assert f"solo-{dead}: ELIGIBLE_LEADERS_NOT_AVAILABLE" in unclean.stdout
+    assert f"solo-{1 - dead}: no election needed" in unclean.stdout
+    assert "1 partition(s) not elected" in unclean.stderr
+    preferred = cluster.ok("topics", "elect", "solo", "--partition", str(1 - dead))
+    assert preferred.splitlines() == [
+        f"solo-{1 - dead}: no election needed (preferred replica 101 already leads)"
+    ]
+    assert cluster.run("topics", "elect", "ghost").returncode == 1  # no such topic
+    assert cluster.run("topics", "elect", "--partition", "0").returncode == 2  # needs NAME
     cluster.ok("cluster", "down")
