@@ -55,18 +55,15 @@ TOPIC = int(ConfigResourceType.TOPIC)
 BROKER = int(ConfigResourceType.BROKER)
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # Kafka's AlterConfigOp.OpType ids
 CONFIG_WAIT_S = 5.0
+DUPLICATE = (
+    "Duplicate resource: this request names it more than once; it is described at its first place"
+)
 
 
 def _describe_one(
     context: BrokerContext, image: MetadataImage, resource: Any, detail: Detail
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "resource_type": resource.resource_type,
-        "resource_name": resource.resource_name,
-        "error_code": ErrorCode.NONE,
-        "error_message": None,
-        "configs": [],
-    }
+    out = _result(resource, ErrorCode.NONE, None) | {"configs": []}
     name = resource.resource_name
     if resource.resource_type == TOPIC:
         problem = topic_name_problem(name)  # __cluster_metadata passes: no topic has it
@@ -111,25 +108,14 @@ def describe_configs(context: BrokerContext, header: RequestHeader, request: Any
     for resource in request.resources:
         kind = resource.resource_type
         key = (kind, stored_resource_name(kind, resource.resource_name))
-        if key in described:
-            results.append(_repeated(resource))
+        if key in described:  # not described twice (module doc: Kafka would, without bound)
+            results.append(
+                _result(resource, ErrorCode.INVALID_REQUEST, DUPLICATE) | {"configs": []}
+            )
         else:
             described.add(key)
             results.append(_describe_one(context, image, resource, detail))
     return {"throttle_time_ms": 0, "results": results}
-
-
-def _repeated(resource: Any) -> dict[str, Any]:
-    """A later place of a resource the request names again: not described twice (module
-    doc: Kafka would, without bound)."""
-    return {
-        "resource_type": resource.resource_type,
-        "resource_name": resource.resource_name,
-        "error_code": ErrorCode.INVALID_REQUEST,
-        "error_message": "Duplicate resource: this request names it more than once; it is "
-        "described at its first place",
-        "configs": [],
-    }
 
 
 # -- altering ----------------------------------------------------------------------------------
