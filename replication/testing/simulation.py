@@ -27,6 +27,10 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   none if there is no such member); an unfenced broker leads the leaderless partitions whose
   ISR holds it; a restarted broker registers with a new broker epoch once the old session
   expired. Every leader change bumps the leader epoch, every change the partition epoch.
+  Where configured, the topic's unclean.leader.election.enable changes (a fault flips it; an
+  operator sets it on for an offline partition, ``operator_reaction_ms``) and the controller's
+  leaderless duty (``elect_leaderless``) runs after such a change, after a failover and every
+  ``leaderless_recheck_ms``, as ``ControllerService._elect_leaderless`` does.
 - Metadata: each new image is pushed to each broker after its own random delay (a few very
   late); heartbeat answers carry the latest image too, so brokers learn changes late and out
   of step with each other, and one cut off from the controller catches up when it heals. A
@@ -191,6 +195,18 @@ class SimConfig:
     # but a forgotten wait is never acknowledged. 0, the default, waits for the outcome and
     # leaves every seed's history as it was
     produce_timeout_ms: int = 0
+    # the topic's unclean.leader.election.enable changes now and then: the weight of such a
+    # change among the faults (the controller must be active; it flips the setting). A
+    # committed change makes the controller's leaderless duty run at its next tick, as
+    # ControllerService does, and the duty runs every ``leaderless_recheck_ms`` anyway (its
+    # periodic pass, LEADERLESS_RECHECK_INTERVAL_S) and once after a failover. 0, the
+    # default for both, leaves every seed's history as it was
+    unclean_config_weight: int = 0
+    leaderless_recheck_ms: int = 0
+    # an operator watches for offline partitions (no leader, no ISR member alive, another
+    # replica alive): one seen while unclean election is off gets it set on within this many
+    # ms (Kafka's way out), unless it recovered meanwhile. 0, the default: nobody watches
+    operator_reaction_ms: int = 0
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -212,8 +228,13 @@ class SimConfig:
             raise ValueError("session_timeout_ms must exceed two heartbeat intervals")
         if self.request_timeout_ms <= 2 * self.delay_max_ms:
             raise ValueError("request_timeout_ms must exceed a round trip")
-        if self.controller_failover_weight < 0 or self.produce_timeout_ms < 0:
-            raise ValueError("controller_failover_weight and produce_timeout_ms must be >= 0")
+        weights = (self.controller_failover_weight, self.unclean_config_weight)
+        times = (self.produce_timeout_ms, self.leaderless_recheck_ms, self.operator_reaction_ms)
+        if min(*weights, *times) < 0:
+            raise ValueError(
+                "controller_failover_weight, unclean_config_weight, produce_timeout_ms,"
+                " leaderless_recheck_ms and operator_reaction_ms must be >= 0"
+            )
 
     @property
     def replicas_per_partition(self) -> int:
@@ -249,6 +270,8 @@ class SimResult:
     truncations: int = 0
     unclean_elections: int = 0  # taken over by their new leaders (unclean_leader_election)
     produce_timeouts: int = 0  # acks=-1 waits ended by produce_timeout_ms
+    unclean_config_changes: int = 0  # unclean.leader.election.enable flipped
+    leaderless_elections: int = 0  # leaders the leaderless duty elected (unclean ones too)
     values_sent: int = 0
     values_acked: int = 0
     values_read: int = 0
@@ -400,6 +423,28 @@ class ModelController:
             self._dirty = True
         self._commit()
         return expired
+
+    def set_unclean(self, enabled: bool) -> None:
+        """A committed change of the topic's unclean.leader.election.enable (one ConfigRecord;
+        ``ControllerService.IncrementalAlterConfigs``): fences and unfences follow it from
+        now on; the leaderless duty (``elect_leaderless``) is the caller's to run."""
+        self.unclean = enabled
+        self._dirty = True
+        self._commit()
+
+    def elect_leaderless(self) -> None:
+        """The active controller's leaderless duty (elections.elect_leaderless): a leader for
+        each leaderless partition with an alive ISR member (the first in replica order) or,
+        with unclean election, an alive replica while no ISR member is."""
+        alive = self.alive()
+        for pid, p in enumerate(self.partitions):
+            if p.leader != NO_LEADER:
+                continue
+            if alive.intersection(p.isr):
+                self._change(pid, choose_leader(p.replicas, p.isr, alive), p.isr)
+            elif self.unclean:
+                self._elect_unclean(pid, alive, p.isr)
+        self._commit()
 
     def alter_partition(self, req: AlterReq) -> tuple[str, PState]:
         """AlterPartition (KIP-497, KIP-903): the error name ("" if none) and the partition
@@ -773,6 +818,9 @@ class Simulation:
         self.lossy: set[int] = set()  # lost power, not yet back in every ISR
         self.partition_gen = 0
         self.controller_down_until = 0  # a failover: no active controller until then
+        self.leaderless_due = False  # the controller's leaderless duty runs at its next tick
+        self.leaderless_checked_at = 0
+        self.operator_pending = False  # an operator will look at the offline partitions
         self.healed = False
         self.producing = True
         self.done = False
@@ -898,6 +946,7 @@ class Simulation:
             "fault": self._fault,
             "heal": self._start_liveness,
             "liveness": self._liveness_check,
+            "operator": self._operator,
         }
         handlers[what]()
 
@@ -1033,7 +1082,27 @@ class Simulation:
         if fenced:
             self._note("controller", f"sessions expired: fenced {fenced}")
         self._publish(before)
+        self._watch_offline()
+        self._leaderless_duty()
         self._push(self.now + self.config.controller_tick_ms, Tick("controller"))
+
+    def _leaderless_duty(self) -> None:
+        """``ControllerService._elect_leaderless``: when due (a committed unclean config
+        change, a takeover) or every ``leaderless_recheck_ms``; one decision of its own."""
+        recheck = self.config.leaderless_recheck_ms
+        if not recheck or (
+            not self.leaderless_due and self.now - self.leaderless_checked_at < recheck
+        ):
+            return
+        self.leaderless_due = False
+        self.leaderless_checked_at = self.now
+        before, changes = self.controller.version, self.controller.leader_changes
+        self.controller.elect_leaderless()
+        if self.controller.version != before:
+            elected = self.controller.leader_changes - changes
+            self.result.leaderless_elections += elected
+            self._note("controller", f"leaderless duty: {elected} leader(s) elected")
+        self._publish(before)
 
     def _publish(self, before: int) -> None:
         """Push a new image to every broker the controller can reach, each after its own
@@ -1788,13 +1857,59 @@ class Simulation:
                 "leader",
                 "one-way",
                 "failover",
+                "unclean-config",
             ],
-            weights=[3, 2, 2, 2, 2, 2, 2, 1, self.config.controller_failover_weight],
+            weights=[
+                *(3, 2, 2, 2, 2, 2, 2, 1),
+                self.config.controller_failover_weight,
+                self.config.unclean_config_weight,
+            ],
         )[0]
         if kind in ("crash", "pause", "slow"):
             self._fault_on_broker(kind)
+        elif kind == "unclean-config":
+            self._set_unclean_config(not self.controller.unclean, "a fault")
         else:
             self._cut_network(kind)
+
+    def _set_unclean_config(self, enabled: bool, why: str) -> None:
+        """The topic's unclean.leader.election.enable set by an operator: committed at once
+        if a controller is active (else the change fails and nothing happens); the
+        controller's leaderless duty runs at its next tick (``_leaderless_duty``)."""
+        if self.now < self.controller_down_until:
+            return
+        before = self.controller.version
+        self.controller.set_unclean(enabled)
+        self.leaderless_due = True
+        self.result.unclean_config_changes += 1
+        self._note("controller", f"unclean.leader.election.enable={str(enabled).lower()} ({why})")
+        self._publish(before)
+
+    def _offline(self) -> list[int]:
+        """Partitions without a leader, no ISR member alive, and a replica alive: what an
+        operator may bring back with unclean election."""
+        alive = self.controller.alive()
+        return [
+            pid
+            for pid, p in enumerate(self.controller.partitions)
+            if p.leader == NO_LEADER and not alive.intersection(p.isr) and alive & set(p.replicas)
+        ]
+
+    def _watch_offline(self) -> None:
+        """With ``operator_reaction_ms``: an offline partition seen while unclean election is
+        off gets an operator to set it on within that many ms (``_operator``)."""
+        reaction = self.config.operator_reaction_ms
+        if not reaction or self.operator_pending or self.controller.unclean:
+            return
+        if self._offline():
+            self.operator_pending = True
+            self._push(self.now + self.rng.randint(1, reaction), Tick("operator"))
+
+    def _operator(self) -> None:
+        self.operator_pending = False
+        offline = self._offline()
+        if offline and not self.controller.unclean:
+            self._set_unclean_config(True, f"partitions {offline} offline")
 
     def _fault_on_broker(self, kind: str) -> None:
         running = self._running()
@@ -1908,6 +2023,7 @@ class Simulation:
         if self.controller_down_until and self.now >= self.controller_down_until:
             self.controller_down_until = 0
             self.controller.reset_sessions(self.now)
+            self.leaderless_due = True  # ControllerService runs the duty on takeover
             self._note("controller", "a new active controller: every session starts afresh")
 
     # -- the liveness phase ----------------------------------------------------------------

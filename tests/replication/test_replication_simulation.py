@@ -59,6 +59,9 @@ SESSIONS = SimConfig(brokers=4, partitions=6, replication_factor=3, fetch_sessio
 PRODUCE_GAP = SimConfig(produce_commit_delay_max_ms=3)
 UNCLEAN = SimConfig(partitions=2, unclean_leader_election=True)
 TIMEOUTS = SimConfig(partitions=2, produce_commit_delay_max_ms=3, produce_timeout_ms=100)
+UNCLEAN_CONFIG = SimConfig(
+    partitions=2, unclean_config_weight=2, leaderless_recheck_ms=1_000, operator_reaction_ms=300
+)
 # Seeds 2, 8 and 9 of "3-brokers" found a lost-ack bug (a leader whose AlterPartition answer
 # was lost dropped its pending ISR while the controller had committed it; see
 # broker/alter_partition.py): they run with the others, as the regression test.
@@ -86,6 +89,10 @@ SHAPES = {
     # acks=-1 waits end after 100 ms, as a produce's timeout_ms ends them: the wait is
     # forgotten (its callback must never run) and the values may still be committed
     "timeouts": (TIMEOUTS, 10),
+    # unclean election is a topic config that changes: an operator sets it on for an
+    # offline partition, faults flip it, and the controller's leaderless duty elects once a
+    # change commits and every second anyway (ControllerService._elect_leaderless)
+    "unclean-config": (UNCLEAN_CONFIG, 10),
 }
 
 # Seeds that soaks beyond the fixed ones found failing, run as regression tests. Failovers
@@ -311,8 +318,15 @@ def test_the_configuration_is_checked() -> None:
         SimConfig(brokers=3, min_insync_replicas=4)
     with pytest.raises(ValueError, match="session_timeout_ms"):
         SimConfig(session_timeout_ms=300, heartbeat_interval_ms=200)
-    with pytest.raises(ValueError, match="controller_failover_weight"):
-        SimConfig(controller_failover_weight=-1)
+    for field in (
+        "controller_failover_weight",
+        "unclean_config_weight",
+        "produce_timeout_ms",
+        "leaderless_recheck_ms",
+        "operator_reaction_ms",
+    ):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            SimConfig(**{field: -1})
 
 
 # -- the model controller against the real one ---------------------------------------------------
@@ -388,6 +402,18 @@ class _Pair:
         epoch = self.model.register(broker, self.generation[broker], NOW_MS)
         assert epoch == outcome.response.broker_epoch
 
+    def set_unclean(self, value: str | None) -> None:
+        """The topic's unclean.leader.election.enable set ("true", "false") or deleted (None:
+        the static default applies again), as an IncrementalAlterConfigs commits it."""
+        record = rec.config(rec.ConfigResourceType.TOPIC, "sim", elections.UNCLEAN_CONFIG, value)
+        self.image = _replay(self.image, [record])
+        self.model.set_unclean(self.unclean if value is None else value == "true")
+
+    def elect_leaderless(self) -> None:
+        """The controller's leaderless duty, with the static default as the node has it."""
+        self.image = _replay(self.image, elections.elect_leaderless(self.image, self.unclean))
+        self.model.elect_leaderless()
+
     def alter(self, pid: int, requester: int, new_isr: list[int], stale: str) -> None:
         p = self.image.partition(TOPIC_ID, pid)
         assert p is not None
@@ -442,7 +468,9 @@ class _Pair:
 
 
 _OPS = st.tuples(
-    st.sampled_from(["fence", "unfence", "register", "alter", "alter-by-leader"]),
+    st.sampled_from(
+        ["fence", "unfence", "register", "alter", "alter-by-leader", "config", "leaderless"]
+    ),
     st.integers(min_value=1, max_value=5),  # a broker
     st.integers(min_value=0, max_value=1),  # a partition
     st.lists(st.integers(min_value=1, max_value=5), max_size=4),  # a proposed ISR
@@ -476,6 +504,10 @@ def test_the_model_controller_decides_as_the_real_one(
             pair.register(broker)
         elif op == "alter":
             pair.alter(pid, broker, proposed, stale)
+        elif op == "config":
+            pair.set_unclean(["true", "false", None][broker % 3])
+        elif op == "leaderless":
+            pair.elect_leaderless()
         else:  # mostly well-formed: the leader proposing some of the replicas
             p = pair.model.partitions[pid]
             leader = p.leader if p.leader > 0 else broker
@@ -497,6 +529,12 @@ def test_failovers_happen_and_give_every_session_a_fresh_timeout() -> None:
 def test_unclean_elections_happen_in_the_unclean_shape() -> None:
     elected = sum(run_seed(seed, UNCLEAN).unclean_elections for seed in range(3))
     assert elected > 0, "no unclean election taken over: the shape tests nothing new"
+
+
+def test_the_leaderless_duty_elects_offline_partitions_once_unclean_election_is_set() -> None:
+    results = [run_seed(seed, UNCLEAN_CONFIG) for seed in range(4)]
+    assert sum(r.unclean_config_changes for r in results) > 0
+    assert sum(r.leaderless_elections for r in results) > 0, "the duty never elected"
 
 
 def test_a_replica_that_will_not_truncate_below_its_hw_is_caught_with_its_seed(
