@@ -30,7 +30,9 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   Where configured, the topic's unclean.leader.election.enable changes (a fault flips it; an
   operator sets it on for an offline partition, ``operator_reaction_ms``) and the controller's
   leaderless duty (``elect_leaderless``) runs after such a change, after a failover and every
-  ``leaderless_recheck_ms``, as ``ControllerService._elect_leaderless`` does.
+  ``leaderless_recheck_ms``, as ``ControllerService._elect_leaderless`` does. Where
+  configured, the topic's min.insync.replicas changes too (``min_isr_config_weight``); it
+  travels in the images, and each broker applies it with its image (``update_config``).
 - Metadata: each new image is pushed to each broker after its own random delay (a few very
   late); heartbeat answers carry the latest image too, so brokers learn changes late and out
   of step with each other, and one cut off from the controller catches up when it heals. A
@@ -207,6 +209,12 @@ class SimConfig:
     # replica alive): one seen while unclean election is off gets it set on within this many
     # ms (Kafka's way out), unless it recovered meanwhile. 0, the default: nobody watches
     operator_reaction_ms: int = 0
+    # the topic's min.insync.replicas is set to a value in [1, replication factor] now and
+    # then (the weight of such a change among the faults; the controller must be active):
+    # each broker applies it with the image that carries it, as the replica manager does,
+    # and every acks=-1 acknowledgement is checked against the value of the image its
+    # leader had applied. 0, the default, leaves every seed's history as it was
+    min_isr_config_weight: int = 0
     # clients
     produce_interval_ms: int = 25
     values_per_request_max: int = 3
@@ -228,12 +236,17 @@ class SimConfig:
             raise ValueError("session_timeout_ms must exceed two heartbeat intervals")
         if self.request_timeout_ms <= 2 * self.delay_max_ms:
             raise ValueError("request_timeout_ms must exceed a round trip")
-        weights = (self.controller_failover_weight, self.unclean_config_weight)
+        weights = (
+            self.controller_failover_weight,
+            self.unclean_config_weight,
+            self.min_isr_config_weight,
+        )
         times = (self.produce_timeout_ms, self.leaderless_recheck_ms, self.operator_reaction_ms)
         if min(*weights, *times) < 0:
             raise ValueError(
-                "controller_failover_weight, unclean_config_weight, produce_timeout_ms,"
-                " leaderless_recheck_ms and operator_reaction_ms must be >= 0"
+                "controller_failover_weight, unclean_config_weight, min_isr_config_weight,"
+                " produce_timeout_ms, leaderless_recheck_ms and operator_reaction_ms must be"
+                " >= 0"
             )
 
     @property
@@ -272,6 +285,7 @@ class SimResult:
     produce_timeouts: int = 0  # acks=-1 waits ended by produce_timeout_ms
     unclean_config_changes: int = 0  # unclean.leader.election.enable flipped
     leaderless_elections: int = 0  # leaders the leaderless duty elected (unclean ones too)
+    min_isr_changes: int = 0  # min.insync.replicas set (min_isr_config_weight)
     values_sent: int = 0
     values_acked: int = 0
     values_read: int = 0
@@ -322,6 +336,7 @@ class Snapshot:
     version: int
     partitions: tuple[PState, ...]
     brokers: dict[int, BrokerReg]
+    min_insync_replicas: int  # the topic's min.insync.replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +367,11 @@ class ModelController:
         broker_ids: Sequence[int],
         session_timeout_ms: int,
         unclean: bool = False,
+        min_insync_replicas: int = 1,
     ) -> None:
         self.partitions = list(states)
         self.unclean = unclean
+        self.min_insync_replicas = min_insync_replicas
         self.unclean_epochs: dict[int, list[int]] = {}  # pid -> leader epochs elected unclean
         self.brokers = {b: BrokerReg(b, False, 1, 0) for b in broker_ids}
         self.last_heartbeat_ms = dict.fromkeys(broker_ids, 0)
@@ -366,7 +383,9 @@ class ModelController:
         self._dirty = False
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.version, tuple(self.partitions), dict(self.brokers))
+        return Snapshot(
+            self.version, tuple(self.partitions), dict(self.brokers), self.min_insync_replicas
+        )
 
     def alive(self) -> frozenset[int]:
         return frozenset(b for b, reg in self.brokers.items() if not reg.fenced)
@@ -429,6 +448,12 @@ class ModelController:
         ``ControllerService.IncrementalAlterConfigs``): fences and unfences follow it from
         now on; the leaderless duty (``elect_leaderless``) is the caller's to run."""
         self.unclean = enabled
+        self._dirty = True
+        self._commit()
+
+    def set_min_insync(self, value: int) -> None:
+        """A committed change of the topic's min.insync.replicas (one ConfigRecord)."""
+        self.min_insync_replicas = value
         self._dirty = True
         self._commit()
 
@@ -806,6 +831,7 @@ class Simulation:
             broker_ids,
             config.session_timeout_ms,
             unclean=config.unclean_leader_election,
+            min_insync_replicas=config.min_insync_replicas,
         )
         self.log_config = LogConfig(
             segment_bytes=config.segment_bytes,
@@ -1149,6 +1175,9 @@ class Simulation:
                 return  # the real broker starts serving once registered and unfenced
             broker.serving = True
         for pid, partition in broker.partitions.items():
+            if partition.min_insync_replicas != snapshot.min_insync_replicas:
+                # as the replica manager applies a topic config change
+                partition.update_config(self.log_config, snapshot.min_insync_replicas)
             self._apply_partition(broker, pid, partition, snapshot.partitions[pid])
 
     def _apply_partition(
@@ -1491,11 +1520,13 @@ class Simulation:
         while a change is pending) holds at least min.insync.replicas members."""
         p = broker.partitions[pid]
         maximal = set(p.isr) | set(p.pending_isr or ())
-        if len(maximal) < self.config.min_insync_replicas:
+        required = (
+            broker.view.min_insync_replicas if broker.view else self.config.min_insync_replicas
+        )
+        if len(maximal) < required:
             self._fail(
                 f"b{broker.broker_id} acknowledges a write to p{pid} with the ISR {p.isr} "
-                f"(pending {p.pending_isr}), below min.insync.replicas "
-                f"{self.config.min_insync_replicas}"
+                f"(pending {p.pending_isr}), below min.insync.replicas {required} (its image's)"
             )
 
     def _acknowledge(self, broker: SimBroker, req: ProduceReq, first: int, epoch: int) -> None:
@@ -1858,17 +1889,21 @@ class Simulation:
                 "one-way",
                 "failover",
                 "unclean-config",
+                "min-isr-config",
             ],
             weights=[
                 *(3, 2, 2, 2, 2, 2, 2, 1),
                 self.config.controller_failover_weight,
                 self.config.unclean_config_weight,
+                self.config.min_isr_config_weight,
             ],
         )[0]
         if kind in ("crash", "pause", "slow"):
             self._fault_on_broker(kind)
         elif kind == "unclean-config":
             self._set_unclean_config(not self.controller.unclean, "a fault")
+        elif kind == "min-isr-config":
+            self._set_min_isr_config()
         else:
             self._cut_network(kind)
 
@@ -1883,6 +1918,18 @@ class Simulation:
         self.leaderless_due = True
         self.result.unclean_config_changes += 1
         self._note("controller", f"unclean.leader.election.enable={str(enabled).lower()} ({why})")
+        self._publish(before)
+
+    def _set_min_isr_config(self) -> None:
+        """An operator sets the topic's min.insync.replicas: committed at once if a
+        controller is active (else the change fails and nothing happens)."""
+        if self.now < self.controller_down_until:
+            return
+        before = self.controller.version
+        value = self.rng.randint(1, self.config.replicas_per_partition)
+        self.controller.set_min_insync(value)
+        self.result.min_isr_changes += 1
+        self._note("controller", f"min.insync.replicas={value}")
         self._publish(before)
 
     def _offline(self) -> list[int]:

@@ -59,6 +59,7 @@ SESSIONS = SimConfig(brokers=4, partitions=6, replication_factor=3, fetch_sessio
 PRODUCE_GAP = SimConfig(produce_commit_delay_max_ms=3)
 UNCLEAN = SimConfig(partitions=2, unclean_leader_election=True)
 TIMEOUTS = SimConfig(partitions=2, produce_commit_delay_max_ms=3, produce_timeout_ms=100)
+MIN_ISR_CONFIG = SimConfig(partitions=2, min_isr_config_weight=4)
 UNCLEAN_CONFIG = SimConfig(
     partitions=2, unclean_config_weight=2, leaderless_recheck_ms=1_000, operator_reaction_ms=300
 )
@@ -93,6 +94,9 @@ SHAPES = {
     # offline partition, faults flip it, and the controller's leaderless duty elects once a
     # change commits and every second anyway (ControllerService._elect_leaderless)
     "unclean-config": (UNCLEAN_CONFIG, 10),
+    # the topic's min.insync.replicas changes (1 to 3): each leader follows the value of the
+    # image it applied, and every acknowledgement is checked against it
+    "min-isr-config": (MIN_ISR_CONFIG, 10),
 }
 
 # Seeds that soaks beyond the fixed ones found failing, run as regression tests. Failovers
@@ -198,6 +202,22 @@ def test_an_acknowledgement_by_an_isr_below_the_minimum_is_caught(
     for seed in (1, 2):  # each passes with the real rule
         with pytest.raises(SimulationFailure, match=r"below min\.insync\.replicas 2"):
             run_seed(seed, PRODUCE_GAP)
+
+
+def test_a_leader_that_keeps_its_old_min_isr_is_caught_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutant partition whose config update leaves min.insync.replicas as it was: an
+    acknowledgement is checked against the value of its leader's image."""
+    real = Partition.update_config
+
+    def keeps_min_isr(self: Partition, config: LogConfig, min_insync_replicas: int) -> None:
+        real(self, config, self.min_insync_replicas)
+
+    monkeypatch.setattr(Partition, "update_config", keeps_min_isr)
+    for seed in (0, 5):  # each passes with the real update
+        with pytest.raises(SimulationFailure, match=r"below min\.insync\.replicas \d \(its image"):
+            run_seed(seed, MIN_ISR_CONFIG)
 
 
 def test_timeouts_end_many_waits_and_a_wait_that_is_not_forgotten_is_caught(
