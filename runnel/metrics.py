@@ -41,8 +41,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from controller.image import NO_LEADER
+
 if TYPE_CHECKING:
     from broker.runtime import KafkaBroker
+    from controller.image import MetadataImage
     from replication.partition import Partition
     from runnel.node import RunnelNode
 
@@ -62,6 +65,18 @@ RAFT_ROLES = (
 class NodeCollector(Collector):
     def __init__(self, node: RunnelNode) -> None:
         self.node = node
+        self._offline: tuple[object, int] = (None, 0)  # (image, its offline partitions)
+
+    def _offline_partitions(self, image: MetadataImage) -> int:
+        """Partitions without a leader in ``image``: one pass per image (images never
+        change), not per scrape."""
+        seen, count = self._offline
+        if seen is not image:
+            count = sum(
+                p.leader == NO_LEADER for t in image.topics.values() for p in t.partitions.values()
+            )
+            self._offline = (image, count)
+        return count
 
     def collect(self) -> Iterator[Metric]:
         node, raft = self.node, self.node.raft
@@ -104,6 +119,11 @@ class NodeCollector(Collector):
         yield _gauge(
             "runnel_metadata_brokers_unfenced", "Unfenced brokers in the image", labels, node_id,
             len(image.unfenced_broker_ids()),
+        )  # fmt: skip
+        yield _gauge(
+            "runnel_metadata_offline_partitions",
+            "Partitions without a leader in the image (Kafka's OfflinePartitionsCount)",
+            labels, node_id, self._offline_partitions(image),
         )  # fmt: skip
         yield from _raft_limits(node, labels, node_id)
         if node.controller is not None:

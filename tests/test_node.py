@@ -44,6 +44,7 @@ COUNTERS = (
 )  # fmt: skip
 GAUGES = (
     "runnel_raft_epoch", "runnel_raft_role", "runnel_metadata_partitions",
+    "runnel_metadata_offline_partitions",
     "runnel_controller_active", "runnel_broker_state", "runnel_raft_learned_peers",
     *(
         f"runnel_kafka_{name}"
@@ -108,6 +109,7 @@ def test_a_combined_node_runs_both_roles_and_serves_metrics(tmp_path: Path) -> N
             assert 'runnel_broker_state{node_id="1",state="running"} 1.0' in metrics
             assert 'runnel_raft_role{node_id="1",role="leader"} 1.0' in metrics
             assert 'runnel_metadata_partitions{node_id="1"} 2.0' in metrics
+            assert 'runnel_metadata_offline_partitions{node_id="1"} 0.0' in metrics
             # the broker's image shows the topic once its logs exist; then metrics say so
             await _until(
                 lambda: node.kafka is not None and len(node.kafka.replicas.partitions()) == 2

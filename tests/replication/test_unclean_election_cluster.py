@@ -14,12 +14,16 @@ means.
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from typing import Any
 
 import fault_cluster as rc
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+from runnel.local_cluster import Port
 
 replication_cluster = rc.replication_cluster
 CONTROLLER = 1
@@ -141,6 +145,17 @@ def wait_offline(c: Any, topic: str, leader: int, followers: list[int]) -> None:
     )
 
 
+def offline_partitions(c: Any, node: int) -> float:
+    """The node's ``runnel_metadata_offline_partitions`` (partitions without a leader in its
+    image), from its metrics endpoint."""
+    port = c.spec.node(node).ports[Port.METRICS]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(r"^runnel_metadata_offline_partitions\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    assert found is not None, text
+    return float(found.group(1))
+
+
 def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool = False) -> None:
     topic = "unclean"
     [view] = c.create_topic(topic, 1, min_insync=1, configs=configs)
@@ -151,6 +166,8 @@ def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool
     lost = kill_the_leader_alone_in_the_isr(c, topic, leader, followers)
     if allow_when_offline:
         wait_offline(c, topic, leader, followers)
+        # the controller's image has it too (the brokers' images came from it)
+        assert offline_partitions(c, CONTROLLER) == 1, c.story()
         allow_unclean_election(c, topic, followers)
 
     views = c.wait_partitions(
@@ -161,6 +178,11 @@ def elected_unclean(c: Any, configs: dict[str, str], *, allow_when_offline: bool
         via=followers,
     )
     new = views[0].leader
+    rc.wait_for(
+        "no offline partition in the controller's metrics",
+        lambda: True if offline_partitions(c, CONTROLLER) == 0 else None,
+        10,
+    )
     said = [
         line for line in c.log_since(CONTROLLER, log_position) if "UNCLEAN LEADER ELECTION" in line
     ]
