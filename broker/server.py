@@ -24,6 +24,11 @@ splits frames and writes responses (byte parts with one ``sendmsg``, ``FileSlice
   fails and when the connection closes, mid-frame or with requests in flight. A handler done
   with its frames when ``handle`` returns (``frames_in_flight = False``: the Kafka dispatcher)
   pins nothing: a request waiting for its answer holds no request memory.
+- connections: at most ``max_connections`` open, and at most ``max_connections_per_ip``
+  from one client address (``max_connections_per_ip_overrides`` sets others for some
+  addresses, 0 refusing them all: Kafka's ``max.connections.per.ip[.overrides]``); one more
+  is accepted and closed at once. Refusals are logged at WARNING at most every 10 s, with
+  the count of those not logged, since a client in a reconnect loop repeats them.
 - closing: EOF between frames or a reset (DEBUG), EOF mid-frame (WARNING), a bad size
   prefix, ``CloseConnection`` or a ValueError from the handler (WARNING with peer and reason),
   any other handler error (ERROR with traceback), no traffic and nothing in flight for
@@ -40,6 +45,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable
@@ -55,6 +61,7 @@ from broker.connection import (
     ShortFileError,
     Slot,
 )
+from raft.log_throttle import LogThrottle, more
 from storage.errors import invariant
 from storage.segment import FileSlice
 
@@ -66,6 +73,7 @@ __all__ = [
     "Response",
     "Server",
     "ServerConfig",
+    "parse_ip_overrides",
 ]
 
 _log = logging.getLogger(__name__)
@@ -122,6 +130,10 @@ class ServerConfig:
 
     socket_request_max_bytes: int = 104_857_600  # checked on the size prefix, before the body
     max_connections: int = 1000  # beyond it a new connection is accepted and closed at once
+    max_connections_per_ip: int = 1000  # from one client address; then the same
+    # "IP:COUNT,..." other limits for some addresses (0: none from there), as Kafka's
+    # max.connections.per.ip.overrides; IPv6 addresses as written, e.g. "::1:10"
+    max_connections_per_ip_overrides: str = ""
     max_in_flight_requests_per_connection: int = 100  # then the connection stops reading
     max_buffered_response_bytes_per_connection: int = 64 * MIB  # unsent; then it stops reading
     # Request bytes held at once (big frames' buffers, chunks pinned by requests in flight),
@@ -137,7 +149,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for name in self.__slots__:
             value = getattr(self, name)
-            if name.startswith("socket_") and name.endswith("_buffer_bytes"):
+            if name == "max_connections_per_ip_overrides":
+                parse_ip_overrides(value)  # raises ValueError naming the bad entry
+            elif name.startswith("socket_") and name.endswith("_buffer_bytes"):
                 if value != -1 and value < 1:
                     raise ValueError(f"{name} must be -1 (OS default) or positive, got {value}")
             elif value < 1:
@@ -157,12 +171,44 @@ class ServerConfig:
             )
 
 
+def parse_ip_overrides(text: str) -> dict[str, int]:
+    """``max_connections_per_ip_overrides``: "IP:COUNT" entries separated by commas (the
+    count after the last colon, so IPv6 addresses need no brackets) -> {normalized IP:
+    count}. Raises ValueError naming a bad entry."""
+    limits: dict[str, int] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        host, sep, count = entry.rpartition(":")
+        try:
+            ip = _normalized_ip(host)
+            limit = int(count)
+        except ValueError:
+            ip, limit = "", -1
+        if not sep or not ip or limit < 0:
+            raise ValueError(
+                f"max_connections_per_ip_overrides: {entry!r} is not IP:COUNT (an IP address"
+                " and a count of at least 0)"
+            )
+        limits[ip] = limit
+    return limits
+
+
+def _normalized_ip(host: str) -> str:
+    """One spelling per address: compressed, an IPv4-mapped IPv6 address as IPv4."""
+    address = ipaddress.ip_address(host.strip("[]"))
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.compressed
+
+
 class _Connection:
     """One client socket, driven by reader/writer callbacks. See the module docstring."""
 
-    def __init__(self, server: Server, sock: socket.socket, info: ConnectionInfo) -> None:
+    def __init__(self, server: Server, sock: socket.socket, info: ConnectionInfo, ip: str) -> None:
         config = server.config
         self.info = info
+        self.ip = ip
         self.pending: set[asyncio.Future[Response]] = set()
         self._server = server
         self._sock = sock
@@ -426,6 +472,9 @@ class Server:
         self.bytes_received = 0
         self.bytes_sent = 0
         self._connections: dict[int, _Connection] = {}
+        self._per_ip: dict[str, int] = {}  # open connections by client address
+        self._ip_limits = parse_ip_overrides(self.config.max_connections_per_ip_overrides)
+        self._refusals = LogThrottle()
         self._next_connection_id = 0
         self._listening: socket.socket | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -486,6 +535,11 @@ class Server:
         del self._connections[connection.info.connection_id]
         self.connections_open -= 1
         self.connections_closed += 1
+        left = self._per_ip[connection.ip] - 1
+        if left:
+            self._per_ip[connection.ip] = left
+        else:
+            del self._per_ip[connection.ip]
 
     def _on_acceptable(self, listening: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_EVENT):
@@ -497,15 +551,23 @@ class Server:
                 _log.error("listener %s cannot accept: %s", self.listener, exc)
                 self._pause_accepting(listening)
                 return
-            self._admit(sock, _format_peer(address))
+            self._admit(sock, address)
 
-    def _admit(self, sock: socket.socket, peer: str) -> None:
+    def _admit(self, sock: socket.socket, address: Any) -> None:
         self.connections_accepted += 1
-        if self.connections_open >= self.config.max_connections:
-            self.connections_refused += 1
-            limit = self.config.max_connections
-            _log.warning("refused a connection from %s: max_connections (%d) open", peer, limit)
-            sock.close()
+        peer = _format_peer(address)
+        try:
+            ip = _normalized_ip(address[0])
+        except ValueError:  # not expected of a TCP peer: count it as written
+            ip = str(address[0])
+        limit = self.config.max_connections
+        if self.connections_open >= limit:
+            self._refuse(sock, peer, f"max_connections ({limit}) open")
+            return
+        from_ip = self._per_ip.get(ip, 0)
+        limit = self._ip_limits.get(ip, self.config.max_connections_per_ip)
+        if from_ip >= limit:
+            self._refuse(sock, peer, f"max_connections_per_ip ({limit}) open from {ip}")
             return
         try:
             sock.setblocking(False)
@@ -517,10 +579,18 @@ class Server:
             return
         self._next_connection_id += 1
         info = ConnectionInfo(peer, self._next_connection_id, self.listener)
-        connection = _Connection(self, sock, info)
+        connection = _Connection(self, sock, info, ip)
         self._connections[info.connection_id] = connection
         self.connections_open += 1
+        self._per_ip[ip] = from_ip + 1
         connection.start()
+
+    def _refuse(self, sock: socket.socket, peer: str, why: str) -> None:
+        self.connections_refused += 1
+        sock.close()
+        quiet = self._refusals.ready(asyncio.get_running_loop().time())
+        if quiet is not None:
+            _log.warning("refused a connection from %s: %s%s", peer, why, more(quiet))
 
     def _pause_accepting(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()

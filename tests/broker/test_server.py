@@ -29,6 +29,7 @@ from broker.server import (
     Response,
     Server,
     ServerConfig,
+    parse_ip_overrides,
 )
 from storage.segment import FileHandle, FileSlice
 
@@ -128,8 +129,12 @@ class Client:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def connect(cls, port: int, *, receive_buffer_bytes: int = 0) -> Client:
+    async def connect(
+        cls, port: int, *, receive_buffer_bytes: int = 0, source: str = "127.0.0.1"
+    ) -> Client:
+        """From ``source``: any 127.x.y.z address reaches the server on Linux's loopback."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((source, 0))
         if receive_buffer_bytes:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
         sock.setblocking(False)
@@ -162,7 +167,7 @@ class Client:
         self.writer.close()
 
 
-async def started(handler: Handler, **limits: int) -> Server:
+async def started(handler: Handler, **limits: Any) -> Server:
     server = Server(handler, config=ServerConfig(**limits))
     await server.start()
     return server
@@ -444,6 +449,57 @@ def test_connections_beyond_max_connections_are_closed_at_once(
 
     run(test)
     assert any("max_connections" in r.getMessage() for r in caplog.records)
+
+
+def test_connections_beyond_max_connections_per_ip_are_closed_and_said_once_in_a_while(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two per address, none from 127.0.0.3, three from 127.0.0.4 (the overrides); the
+    refusals of one burst make one log line, the next says how many it kept quiet."""
+
+    async def test() -> None:
+        overrides = "127.0.0.3:0, 127.0.0.4:3"
+        server = await started(
+            Handler(), max_connections_per_ip=2, max_connections_per_ip_overrides=overrides
+        )
+        ones = [await Client.connect(server.port, source="127.0.0.1") for _ in range(2)]
+        twos = [await Client.connect(server.port, source="127.0.0.2") for _ in range(2)]
+        fours = [await Client.connect(server.port, source="127.0.0.4") for _ in range(3)]
+        for rid, client in enumerate([*ones, *twos, *fours]):
+            await client.ask(rid)
+        refused = [
+            await Client.connect(server.port, source=source)
+            for source in ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
+        ]
+        for client in refused:
+            await client.assert_closed()
+        assert (server.connections_open, server.connections_refused) == (7, 4)
+        ones[0].close()  # a slot of 127.0.0.1 frees; the others stay full
+        await eventually(lambda: server.connections_open == 6, "a slot freed")
+        again = await Client.connect(server.port, source="127.0.0.1")
+        await again.ask(10)
+        for client in [*ones[1:], *twos, *fours, *refused, again]:
+            client.close()
+        await server.close()
+
+    run(test)
+    lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(lines) == 1, lines  # the other three within 10 s: counted, not said
+    assert "max_connections_per_ip (2) open from 127.0.0.1" in lines[0]
+
+
+def test_ip_overrides_are_checked_and_normalized() -> None:
+    assert parse_ip_overrides("") == {}
+    assert parse_ip_overrides(" 10.0.0.1:5 , ::ffff:10.0.0.2:0, [fe80::0001]:7") == {
+        "10.0.0.1": 5,
+        "10.0.0.2": 0,
+        "fe80::1": 7,
+    }
+    for bad in ("10.0.0.1", "10.0.0.1:-1", "host:3", "10.0.0.1:x", ":4"):
+        with pytest.raises(ValueError, match="max_connections_per_ip_overrides"):
+            ServerConfig(max_connections_per_ip_overrides=bad)
+    with pytest.raises(ValueError, match="max_connections_per_ip"):
+        ServerConfig(max_connections_per_ip=0)
 
 
 def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight() -> None:
