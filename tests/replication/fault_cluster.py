@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -286,7 +287,9 @@ class Continuous:
         if self._thread.is_alive():
             self._stop.set()
             self._thread.join(timeout=10)
-            assert not self._thread.is_alive(), "the producer thread did not stop"
+            assert not self._thread.is_alive(), "the producer thread did not stop, in:\n" + (
+                stack_of(self._thread)
+            )
             self.unflushed = self.producer.flush(flush_timeout_s)
         return self.report
 
@@ -300,6 +303,7 @@ class Tail:
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.seen: list[tuple[int, int, str]] = []
         self.errors: Counter[str] = Counter()
+        self.late_stop = ""  # where the thread was 10 s after it was asked to stop, if alive
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tail-{topic}", daemon=True)
 
@@ -319,10 +323,18 @@ class Tail:
                     self.seen.append((m.partition(), m.offset(), m.value().decode()))
 
     def stop(self) -> list[tuple[int, int, str]]:
+        """Stop consuming. A ``consume`` call should return within its 0.2 s timeout; one
+        that took over 10 s once (a nemesis run, cause not found) is waited for up to a
+        minute, and where it was then is kept in ``late_stop`` for the test to say."""
         if self._thread.is_alive():
             self._stop.set()
             self._thread.join(timeout=10)
-            assert not self._thread.is_alive(), "the consumer thread did not stop"
+            if self._thread.is_alive():
+                self.late_stop = stack_of(self._thread)
+                self._thread.join(timeout=50)
+            assert not self._thread.is_alive(), "the consumer thread did not stop, in:\n" + (
+                stack_of(self._thread)
+            )
             self.consumer.close()
         return self.seen
 
@@ -334,6 +346,12 @@ class Tail:
             f"consumer saw {v!r} at partition {p} offset {o}; the final log has {final_v!r}"
             for p, o, v, final_v in wrong[:20]
         ] + ([f"... {len(wrong)} such records in all"] if len(wrong) > 20 else [])
+
+
+def stack_of(thread: threading.Thread) -> str:
+    """Where ``thread`` is now (for a thread that should have stopped)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
 
 
 class LogCheck(NamedTuple):

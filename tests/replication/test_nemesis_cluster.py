@@ -5,7 +5,9 @@ tailing the topic the whole time.
 
 Each step strikes one or two brokers at once (two leave a single one running: acks=all
 must then fail, not lie), each with one of: kill -9, SIGSTOP, SIGTERM (a controlled
-shutdown), chosen among the leaders half the time; waits a random while (up to twice the
+shutdown), chosen among the leaders half the time, and in a quarter of the steps the
+controller too (kill -9 or SIGSTOP: no metadata changes meanwhile, the brokers go on with
+the image they have); waits a random while (up to twice the
 session timeout, so a paused broker is sometimes fenced and sometimes not); heals them in a
 random order (start again, SIGCONT); and waits until every partition has its full ISR and the
 producer has records acknowledged again. At the end, as in ``test_cluster_replication.py``:
@@ -31,6 +33,7 @@ Cluster = rc.Cluster
 
 PARTITIONS = 3
 STEPS = 5
+CONTROLLER = 1
 FAULTS = ("kill", "pause", "terminate")
 SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,2").split(",")]
 
@@ -52,14 +55,18 @@ def heal(c: Cluster, broker: int, fault: str) -> None:
 
 
 def victims(c: Cluster, rng: random.Random, topic: str) -> list[tuple[int, str]]:
-    """One or two brokers, leaders half the time, each with its fault."""
+    """One or two brokers, leaders half the time, each with its fault; sometimes the
+    controller too."""
     leaders = sorted({v.leader for v in c.partitions(topic, rc.BROKERS)} - {-1})
     pool = leaders if leaders and rng.random() < 0.5 else list(rc.BROKERS)
     first = rng.choice(pool)
     chosen = [first]
     if rng.random() < 0.4:
         chosen.append(rng.choice([b for b in rc.BROKERS if b != first]))
-    return [(b, rng.choice(FAULTS)) for b in chosen]
+    struck = [(b, rng.choice(FAULTS)) for b in chosen]
+    if rng.random() < 0.25:
+        struck.append((CONTROLLER, rng.choice(("kill", "pause"))))
+    return struck
 
 
 @pytest.mark.slow
@@ -85,6 +92,8 @@ def test_random_faults_lose_no_acknowledged_record(replication_cluster: Cluster,
     load.stop()
     tail.stop()
     c.note(f"seed {seed}: {load.report.summary()}; consumer saw {len(tail.seen)}")
+    if tail.late_stop:
+        c.note(f"the consumer thread took over 10 s to stop; 10 s in, it was in:\n{tail.late_stop}")
     assert load.unflushed == 0, f"seed {seed}: {load.report.summary()}"
     rc.check_outcome(c, topic, PARTITIONS, [load.report], tail=tail)
     assert len(tail.seen) > 0 and len(load.report.acked) > 300, load.report.summary()
