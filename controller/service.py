@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc.aio
@@ -84,6 +85,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         controller.on_activation(self._reset_sessions)
         timeout_ms = self.config.broker_session_timeout_ms
         interval_ms = min(FENCE_CHECK_INTERVAL_MS, max(1, timeout_ms // 3))
+        # A fence check this long after the last one means this controller itself did not run
+        # (its process paused or starved): see _fence_expired.
+        self._stall_ms = interval_ms + timeout_ms // 2
+        self._fence_checked_ms = controller.clock_ms()
         controller.add_periodic(PeriodicTask("fence", interval_ms / 1000, self._fence_expired))
         self._idle_since_offset = -1
         idle_s = self.config.metadata_max_idle_interval_ms / 1000
@@ -343,7 +348,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     # -- duties of the active controller ---------------------------------------------------
     def _reset_sessions(self) -> None:
         self._leaderless_due = True  # the last controller may have stopped in the middle
-        self._leaderless_checked_ms = self.controller.clock_ms()
+        self._leaderless_checked_ms = self._fence_checked_ms = self.controller.clock_ms()
         now, offset = self.controller.clock_ms(), self.controller.committed_offset
         image = self.controller.committed_image
         self.sessions = {  # a fenced broker's session opens with its next heartbeat
@@ -353,11 +358,35 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         }
 
     async def _fence_expired(self) -> None:
+        """Fence the brokers whose sessions expired. If this check comes more than
+        ``_stall_ms`` after the last one, this controller did not run meanwhile (SIGSTOP, a
+        starved process): the heartbeats that arrived are still unread, and every broker
+        would look dead at once (a 5 s pause once fenced all three brokers of a test
+        cluster). It cannot tell dead brokers from its own absence, so every session is
+        moved on by the time it was away, and a broker dead before it is fenced when its
+        remaining time runs out. The time is taken from the end of the last check, so a
+        decision slow to commit does not count as time away."""
         now, timeout = self.controller.clock_ms(), self.config.broker_session_timeout_ms
+        away = now - self._fence_checked_ms
+        if away > self._stall_ms:
+            self.sessions = {
+                b: replace(s, last_heartbeat_ms=s.last_heartbeat_ms + away)
+                for b, s in self.sessions.items()
+            }
+            _log.warning(
+                "controller %d did not run for %d ms: broker sessions moved on by that much",
+                self.controller.node_id,
+                away,
+            )
         unclean = self.config.unclean_leader_election_enable
-        fenced, _ = await self.controller.write(
-            lambda image: brokers.fence_expired_brokers(image, self.sessions, now, timeout, unclean)
-        )
+        try:
+            fenced, _ = await self.controller.write(
+                lambda image: brokers.fence_expired_brokers(
+                    image, self.sessions, now, timeout, unclean
+                )
+            )
+        finally:
+            self._fence_checked_ms = self.controller.clock_ms()
         if fenced:
             _log.warning("controller: fenced brokers %s: no heartbeat for %d ms", fenced, timeout)
 

@@ -78,10 +78,46 @@ def test_a_broker_fenced_at_activation_and_unfenced_later_is_fenced_when_it_goes
         answer = await heartbeat(service, controller.committed_image, 3)
         assert answer.header.error == cpb.NONE
         assert not controller.committed_image.brokers[3].fenced
-        controller.now_ms += SESSION_MS + 1  # broker 3 dies; 1 and 2 go on
-        for broker_id in (1, 2):
+        await run_for(service, controller, SESSION_MS + 2_000, alive=(1, 2))  # 3 died
+        assert controller.committed_image.brokers[3].fenced
+        assert not controller.committed_image.brokers[1].fenced
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def run_for(
+    service: ControllerService, controller: StandInController, ms: int, alive: tuple[int, ...]
+) -> None:
+    """``ms`` of a running controller: every second the ``alive`` brokers heartbeat and the
+    fence duty runs (its interval)."""
+    for _ in range(ms // 1_000):
+        controller.now_ms += 1_000
+        for broker_id in alive:
             await heartbeat(service, controller.committed_image, broker_id)
         await controller.periodic["fence"].run()
+
+
+def test_a_controller_that_did_not_run_for_a_while_fences_nobody_for_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Paused longer than a session timeout, the controller finds every session expired, yet
+    the heartbeats of its time away are only unread: it moves every session on by that time.
+    A broker that died before it is fenced when its remaining time runs out."""
+
+    async def main() -> None:
+        image = cluster(partitions={0: ([3, 1], [3, 1], 3)})
+        controller = StandInController(image)
+        service = ControllerService(controller, {1: "127.0.0.1:1"})  # type: ignore[arg-type]
+        controller.activate()
+        await run_for(service, controller, 3_000, alive=(1, 2, 3))
+        await run_for(service, controller, 4_000, alive=(1, 2))  # 3 dies: 4 s of its 9 gone
+        controller.now_ms += 2 * SESSION_MS  # paused: no heartbeat read, no duty run
+        await controller.periodic["fence"].run()
+        assert not any(b.fenced for b in controller.committed_image.brokers.values())
+        assert "did not run for 18000 ms" in caplog.text
+        await run_for(service, controller, 4_000, alive=(1, 2))
+        assert not controller.committed_image.brokers[3].fenced  # 8 s of its 9 gone
+        await run_for(service, controller, 2_000, alive=(1, 2))
         assert controller.committed_image.brokers[3].fenced
         assert not controller.committed_image.brokers[1].fenced
 

@@ -755,6 +755,17 @@ class Cluster:
             }
         )
 
+    def answered_high_watermarks(self, topic: str, partitions: int) -> dict[int, int] | None:
+        """``high_watermarks``, or None when a leader answers a retriable error (leadership
+        moving: the periodic rebalancing, say), for a ``wait_for`` to ask again."""
+        try:
+            return self.high_watermarks(topic, partitions)
+        except KafkaException as e:
+            if e.args[0].code() not in RETRIABLE:
+                raise
+            self.note(f"{topic}: high watermarks not answered yet ({e.args[0].name()})")
+            return None
+
     def high_watermarks(self, topic: str, partitions: int) -> dict[int, int]:
         consumer = self.consumer()
         try:
@@ -770,7 +781,11 @@ class Cluster:
     ) -> dict[int, list[tuple[int, str]]]:
         """Every record of the topic, from the earliest offset to the high watermark of each
         partition as it is now: partition -> [(offset, value)] in the order read."""
-        ends = self.high_watermarks(topic, partitions)
+        ends = wait_for(
+            f"{topic}: the leaders' high watermarks",
+            lambda: self.answered_high_watermarks(topic, partitions),
+            METADATA_TIMEOUT_S * 5,
+        )
         out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
         consumer = self.consumer()
         try:
@@ -833,7 +848,9 @@ class Cluster:
         seen: list[Any] = [None]
 
         def probe() -> dict[int, int] | None:
-            hws = self.high_watermarks(topic, partitions)
+            hws = self.answered_high_watermarks(topic, partitions)
+            if hws is None:
+                return None
             ends = {p: self.log_ends(topic, p) for p in range(partitions)}
             seen[0] = (hws, ends)
             return hws if all(set(ends[p].values()) == {hws[p]} for p in hws) else None
