@@ -369,8 +369,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         now, timeout = self.controller.clock_ms(), self.config.broker_session_timeout_ms
         away = now - self._fence_checked_ms
         if away > self._stall_ms:
-            self.sessions = {
-                b: replace(s, last_heartbeat_ms=s.last_heartbeat_ms + away)
+            self.sessions = {  # one heard since it resumed is not moved past now
+                b: replace(s, last_heartbeat_ms=min(s.last_heartbeat_ms + away, now))
                 for b, s in self.sessions.items()
             }
             _log.warning(

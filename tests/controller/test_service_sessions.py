@@ -112,14 +112,18 @@ def test_a_controller_that_did_not_run_for_a_while_fences_nobody_for_it(
         await run_for(service, controller, 3_000, alive=(1, 2, 3))
         await run_for(service, controller, 4_000, alive=(1, 2))  # 3 dies: 4 s of its 9 gone
         controller.now_ms += 2 * SESSION_MS  # paused: no heartbeat read, no duty run
+        await heartbeat(service, controller.committed_image, 1)  # read before the duty runs
         await controller.periodic["fence"].run()
         assert not any(b.fenced for b in controller.committed_image.brokers.values())
         assert "did not run for 18000 ms" in caplog.text
-        await run_for(service, controller, 4_000, alive=(1, 2))
+        await run_for(service, controller, 4_000, alive=(2,))  # 1 dies just after the pause
         assert not controller.committed_image.brokers[3].fenced  # 8 s of its 9 gone
-        await run_for(service, controller, 2_000, alive=(1, 2))
+        await run_for(service, controller, 2_000, alive=(2,))
         assert controller.committed_image.brokers[3].fenced
-        assert not controller.committed_image.brokers[1].fenced
+        assert not controller.committed_image.brokers[1].fenced  # 6 s of its 9 gone
+        await run_for(service, controller, 4_000, alive=(2,))  # its session, not 9 s more
+        assert controller.committed_image.brokers[1].fenced
+        assert not controller.committed_image.brokers[2].fenced
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
