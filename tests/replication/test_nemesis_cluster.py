@@ -35,7 +35,7 @@ PARTITIONS = 3
 STEPS = 5
 CONTROLLER = 1
 FAULTS = ("kill", "pause", "terminate")
-SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,2").split(",")]
+SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,3").split(",")]
 
 
 def strike(c: Cluster, broker: int, fault: str) -> None:
