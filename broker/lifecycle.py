@@ -35,9 +35,8 @@ is logged and tried again with backoff; one the controller refuses
 (``RegistrationRefused``) ends the heartbeats: the broker cannot go on, and ``on_fatal``
 tells the node (as does any other end of the heartbeats, a bug).
 
-Each time the committed image changes, the partitions this broker leads and follows (with
-their epochs) go to the ``on_partitions`` callbacks: the hook that replication turns into
-become-leader / become-follower.
+What the broker leads and follows is not this class's business: the broker's data plane
+(``broker/runtime.py``) hears of every committed image from the state machine itself.
 """
 
 from __future__ import annotations
@@ -47,17 +46,14 @@ import dataclasses
 import enum
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 from controller.client import ControllerClient, ControllerUnavailable
-from controller.image import MetadataImage, PartitionState
-from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
 from raft.driver import RaftNode
 
-__all__ = ["BrokerLifecycle", "BrokerState", "PartitionAssignment", "RegistrationRefused"]
+__all__ = ["BrokerLifecycle", "BrokerState", "RegistrationRefused"]
 
 _log = logging.getLogger(__name__)
 INCARNATION_ID_BYTES = 16
@@ -89,19 +85,6 @@ class BrokerState(enum.Enum):
     STOPPED = "stopped"
 
 
-PartitionKey = tuple[bytes, int]  # (topic id, partition id)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionAssignment:
-    """What this broker holds, from one image: partitions it leads and partitions it
-    follows, each with its current state (leader and partition epochs)."""
-
-    offset: int
-    leading: Mapping[PartitionKey, PartitionState]
-    following: Mapping[PartitionKey, PartitionState]
-
-
 class BrokerLifecycle:
     """One broker's registration, heartbeats and shutdown. Use from the node's event loop."""
 
@@ -112,7 +95,6 @@ class BrokerLifecycle:
         rack: str | None,
         client: ControllerClient,
         node: RaftNode,
-        machine: MetadataStateMachine,
         heartbeat_interval_ms: int,
     ) -> None:
         self.broker_id = broker_id
@@ -121,7 +103,6 @@ class BrokerLifecycle:
         self.rack = rack
         self.client = client
         self.node = node
-        self.machine = machine
         self.heartbeat_interval_s = heartbeat_interval_ms / 1000
         attempt_ms = max(
             HEARTBEAT_ATTEMPT_MIN_MS, HEARTBEAT_ATTEMPT_INTERVALS * heartbeat_interval_ms
@@ -129,17 +110,12 @@ class BrokerLifecycle:
         self.heartbeat_policy = dataclasses.replace(client.policy, rpc_timeout_ms=attempt_ms)
         self.state = BrokerState.STARTING
         self.broker_epoch = -1
-        self._callbacks: list[Callable[[PartitionAssignment], None]] = []
-        self._last_image: MetadataImage | None = None
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._skip_shutdown = asyncio.Event()
         # Told once, with the reason, if the heartbeats end other than by close(): the broker
         # cannot go on (module doc); the node stops.
         self.on_fatal: Callable[[str], None] | None = None
-
-    def on_partitions(self, callback: Callable[[PartitionAssignment], None]) -> None:
-        self._callbacks.append(callback)
 
     async def start(self) -> None:
         """Register, then heartbeat in the background."""
@@ -276,7 +252,6 @@ class BrokerLifecycle:
             elif response is not None and response.header.error == cpb.NONE:
                 running = not response.is_fenced
                 self._set_state(BrokerState.RUNNING if running else BrokerState.FENCED)
-            self._publish_partitions()
             fenced = self.state is BrokerState.FENCED
             await asyncio.sleep(fenced_interval_s if fenced else self.heartbeat_interval_s)
 
@@ -324,24 +299,3 @@ class BrokerLifecycle:
             _log.info("broker %d: %s -> %s", self.broker_id, self.state.value, state.value)
             self.state = state
         self._changed.set()
-
-    def _publish_partitions(self) -> None:
-        image = self.machine.image
-        if image is self._last_image or not self._callbacks:
-            return
-        self._last_image = image
-        assignment = assignment_of(image, self.broker_id)
-        for callback in self._callbacks:
-            callback(assignment)
-
-
-def assignment_of(image: MetadataImage, broker_id: int) -> PartitionAssignment:
-    leading: dict[PartitionKey, PartitionState] = {}
-    following: dict[PartitionKey, PartitionState] = {}
-    for topic_id, topic in image.topics.items():
-        for partition_id, p in topic.partitions.items():
-            if p.leader == broker_id:
-                leading[(topic_id, partition_id)] = p
-            elif broker_id in p.replicas:
-                following[(topic_id, partition_id)] = p
-    return PartitionAssignment(image.offset, leading, following)

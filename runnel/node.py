@@ -145,7 +145,6 @@ class RunnelNode:
                 config.rack,
                 self.client,
                 self.raft,
-                self.machine,
                 config.broker.heartbeat_interval_ms,
             )
             self.kafka = self._kafka_broker(self.client, self.lifecycle)

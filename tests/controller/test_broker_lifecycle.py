@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from test_service import FAST, Quorum, run, topic
 
-from broker.lifecycle import BrokerLifecycle, BrokerState, PartitionAssignment
+from broker.lifecycle import BrokerLifecycle, BrokerState
 from controller.client import ControllerClient, ControllerUnavailable, RetryPolicy
 from controller.state_machine import MetadataStateMachine
 from proto import controller_pb2 as cpb
@@ -32,11 +32,7 @@ class Broker:
         config = RaftNodeConfig(broker_id, voters, root / f"b{broker_id}", FAST)
         self.node = RaftNode(config, self.transport, self.machine)
         listener = mpb.Listener(name="CLIENT", host="127.0.0.1", port=port)
-        self.lifecycle = BrokerLifecycle(
-            broker_id, [listener], None, client, self.node, self.machine, 100
-        )
-        self.assignments: list[PartitionAssignment] = []
-        self.lifecycle.on_partitions(self.assignments.append)
+        self.lifecycle = BrokerLifecycle(broker_id, [listener], None, client, self.node, 100)
 
     async def start(self) -> None:
         await self.transport.start()
@@ -60,10 +56,13 @@ def test_a_broker_registers_catches_up_runs_and_shuts_down_under_control(
             request = cpb.CreateTopicsRequest(topics=[topic("events", 3, 1)])
             response = await client.call("CreateTopics", request)
             assert [t.error for t in response.topics] == [cpb.NONE]
-            async with asyncio.timeout(10):  # the observer applies it and tells the hook
-                while not broker.assignments or len(broker.assignments[-1].leading) < 3:
+            async with asyncio.timeout(10):  # the observer applies it
+                while not (topics := broker.machine.image.topics):
                     await asyncio.sleep(0.05)
-            assert all(p.leader_epoch == 0 for p in broker.assignments[-1].leading.values())
+            (created,) = topics.values()
+            assert [(p.leader, p.leader_epoch) for p in created.partitions.values()] == [
+                (101, 0)
+            ] * 3
             assert await broker.lifecycle.shutdown(timeout_s=10)
             cluster = await client.call("DescribeCluster", cpb.DescribeClusterRequest())
             (described,) = cluster.brokers
@@ -169,9 +168,7 @@ def answer(
 def lifecycle_of(client: FakeClient) -> BrokerLifecycle:
     listener = mpb.Listener(name="CLIENT", host="127.0.0.1", port=9092)
     fake_client, fake_node = cast(ControllerClient, client), cast(RaftNode, FakeNode())
-    return BrokerLifecycle(
-        101, [listener], None, fake_client, fake_node, MetadataStateMachine(), 100
-    )
+    return BrokerLifecycle(101, [listener], None, fake_client, fake_node, 100)
 
 
 def test_a_broker_stopped_while_registering_never_registers_nor_heartbeats() -> None:

@@ -86,7 +86,7 @@ def test_a_broker_s_heartbeat_attempts_last_two_intervals_and_one_second_at_leas
         client = ControllerClient({1: "127.0.0.1:1"})
         try:
             for interval_ms, attempt_ms in ((2_000, 4_000), (500, 1_000), (100, 1_000)):
-                lifecycle = BrokerLifecycle(101, [], None, client, None, None, interval_ms)
+                lifecycle = BrokerLifecycle(101, [], None, client, None, interval_ms)
                 policy = lifecycle.heartbeat_policy
                 assert policy.rpc_timeout_ms == attempt_ms, (interval_ms, policy)
                 assert policy.timeout_ms == client.policy.timeout_ms
