@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -616,6 +617,40 @@ class Cluster:
         pids += [c.pid for c in self.children]
         return sorted({p for p in pids if p is not None})
 
+    def metrics_text(self, node: int, timeout_s: float = 5.0) -> str:
+        """The node's ``/metrics`` page (Prometheus text)."""
+        port = self.spec.node(node).ports[Port.METRICS]
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text: str = response.read().decode()
+        return text
+
+    def metadata_state(self, node: int) -> str:
+        """One line of the node's Raft and metadata state from its metrics (role, leader,
+        epoch, high watermark, applied offset), or why there is none: printed at the end of
+        every test, so a node that stopped applying the metadata log shows."""
+        if node in self.paused:
+            return "paused"
+        try:
+            text = self.metrics_text(node, timeout_s=2.0)
+        except OSError as e:
+            return f"no metrics: {e}"
+        role = re.search(r'^runnel_raft_role\{[^}]*role="(\w+)"\} 1', text, re.MULTILINE)
+        found = {
+            name: re.search(rf"^runnel_{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+            for name in (
+                "raft_leader_id",
+                "raft_epoch",
+                "raft_high_watermark",
+                "metadata_applied_offset",
+            )
+        }
+        found["image_offset"] = re.search(
+            r'^runnel_metadata_image\{[^}]*offset="(\d+)"', text, re.M
+        )
+        values = " ".join(f"{k}={m.group(1) if m else '?'}" for k, m in found.items())
+        return f"{role.group(1) if role else '?'} {values}"
+
     # -- metadata --------------------------------------------------------------------------
     def admin(self, via: Iterable[int] | None = None) -> AdminClient:
         brokers = list(via) if via is not None else self.live()
@@ -1108,7 +1143,10 @@ def replication_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     try:
         yield cluster
     finally:
+        states = {n.node_id: cluster.metadata_state(n.node_id) for n in cluster.spec.nodes()}
         stop_cluster(cluster)
         print(cluster.story())
+        for node_id, state in states.items():
+            print(f"node {node_id} at the end: {state}")
         for node in cluster.spec.nodes():
             print(cluster.log_excerpt(node.node_id))

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 
 import fault_cluster as rc
 import pytest
-
-from runnel.local_cluster import Port
 
 replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
@@ -27,9 +24,7 @@ _SAMPLE = re.compile(r'^runnel_kafka_(\w+)\{node_id="(\d+)"\} (\S+)$', re.MULTIL
 
 
 def metrics(c: Cluster, broker: int) -> dict[str, float]:
-    port = c.spec.node(broker).ports[Port.METRICS]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = c.metrics_text(broker)
     return {name: float(value) for name, _, value in _SAMPLE.findall(text)}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from raft.testing.processes import free_ports
-from runnel.local_cluster import ClusterSpec, Port
+from runnel.local_cluster import ClusterSpec
 
 INTERNAL = "INTERNAL"
 RECORDS = 300
@@ -48,9 +47,7 @@ def add_internal_listener(spec: ClusterSpec, only: int | None = None) -> dict[in
 
 
 def requests_by_listener(c: rc.Cluster, broker: int) -> dict[str, float]:
-    port = c.spec.node(broker).ports[Port.METRICS]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = c.metrics_text(broker)
     return {name: float(value) for name, value in _BY_LISTENER.findall(text)}
 
 

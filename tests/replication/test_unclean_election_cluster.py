@@ -15,15 +15,12 @@ means.
 from __future__ import annotations
 
 import re
-import urllib.request
 from typing import Any
 
 import fault_cluster as rc
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-
-from runnel.local_cluster import Port
 
 replication_cluster = rc.replication_cluster
 CONTROLLER = 1
@@ -148,9 +145,7 @@ def wait_offline(c: Any, topic: str, leader: int, followers: list[int]) -> None:
 def offline_partitions(c: Any, node: int) -> float:
     """The node's ``runnel_metadata_offline_partitions`` (partitions without a leader in its
     image), from its metrics endpoint."""
-    port = c.spec.node(node).ports[Port.METRICS]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = c.metrics_text(node)
     found = re.search(r"^runnel_metadata_offline_partitions\{[^}]*\} (\S+)$", text, re.MULTILINE)
     assert found is not None, text
     return float(found.group(1))
