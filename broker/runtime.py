@@ -3,9 +3,10 @@
 How this works. ``KafkaBroker`` owns the ``ReplicaManager`` (and through it the partition
 logs), the fetch purgatory, the producer-id manager, the dispatcher and the listener. The
 node starts it once the broker has caught up with the metadata log and been unfenced:
-``start(image)`` loads the logs, applies that image (which partitions live here, who leads
-them, at which epochs), subscribes to every later image and only then opens the listener, so
-no client is served from a stale view. ``stop`` first stops applying images (the metadata log
+``start(image)`` subscribes to every later image, loads the logs, applies the latest image
+(which partitions live here, who leads them, at which epochs: one published while the logs
+loaded, which after a crash takes a while, is not missed) and only then opens the listener,
+so no client is served from a stale view. ``stop`` first stops applying images (the metadata log
 goes on until the node closes Raft: a partition moved now must not create or open a log, or
 start a fetcher, after they are closed), then closes the listener (its connections close and
 their requests in flight, parked fetches too, get no answer: clients retry elsewhere), then
@@ -166,6 +167,7 @@ class KafkaBroker:
         self._image = MetadataImage.EMPTY
         self._apply_scheduled = False
         self._stopping = False  # set by stop(): no image is applied after it
+        self._applying = False  # set by start() once the logs are loaded (module doc)
         self._unreachable: set[tuple[int, str]] = set()  # (leader, listener) said missing
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
@@ -187,8 +189,14 @@ class KafkaBroker:
         # one: its offsets have gaps that a delete-policy load would call corrupt).
         settings = self.settings
 
-        def config_for(tp: TopicPartition) -> LogConfig:
-            found = topic_settings(image, tp.topic, settings.broker_id, settings.log_defaults)
+        # Images published while the logs load are kept (``_apply``) and the latest applied
+        # once they are loaded: the image given may be stale by then.
+        self._image = image
+        self.machine.on_publish(self._apply)
+
+        def config_for(tp: TopicPartition) -> LogConfig:  # a worker thread; images are frozen
+            latest = self._image
+            found = topic_settings(latest, tp.topic, settings.broker_id, settings.log_defaults)
             return found.log_config
 
         self.logs.config_for = config_for
@@ -206,8 +214,8 @@ class KafkaBroker:
         if self.logs.offline_dirs:
             failed = "; ".join(f"{d}: {e}" for d, e in self.logs.offline_dirs.items())
             raise DataDirOffline(f"data directories offline at start-up: {failed}")
-        self._apply(image)
-        self.machine.on_publish(self._apply)
+        self._applying = True
+        self._apply(self._image)
         self._maintenance = loop.create_task(
             self.logs.run_periodically(LOG_MAINTENANCE_INTERVAL_MS, self._stop),
             name="log-maintenance",
@@ -254,6 +262,8 @@ class KafkaBroker:
         if image.offset < self._image.offset or self._stopping:
             return
         self._image = image
+        if not self._applying:
+            return  # the logs are loading: start() applies the latest image after
         if not self.replicas.apply(image) and not self._apply_scheduled:
             # Many new partitions here: the rest in later loop turns (serving meanwhile).
             self._apply_scheduled = True

@@ -7,6 +7,7 @@ its subscribers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -87,5 +88,61 @@ def test_images_published_while_the_broker_stops_change_nothing(tmp_path: Path) 
         made = sorted(p.name for p in (tmp_path / "data").iterdir() if p.is_dir())
         assert made == ["before-0"], made
         assert not broker.fetchers.fetchers, "a fetcher was started after the broker stopped"
+
+    asyncio.run(main())
+
+
+def test_an_image_published_while_the_logs_load_is_applied(tmp_path: Path) -> None:
+    """The node hands ``start`` the image of the moment it was unfenced; loading the logs
+    (recovery after a crash) may take long enough for the controller to publish more, such as
+    a leadership given to this broker at once. That image must be applied when the logs are
+    loaded, not wait for the next metadata change (a nemesis run saw a restarted broker keep
+    following at an old epoch for 36 s, its followers refused as fenced)."""
+
+    async def main() -> None:
+        (port,) = free_ports(1)
+        listener = [("CLIENT", "127.0.0.1", port)]
+        first = image_with(
+            MetadataImage.EMPTY, rec.register_broker(ME, 0, b"m" * 16, listener, fenced=False)
+        )
+        logs = LogManager([tmp_path / "data"], LogConfig())
+        loading, release = threading.Event(), threading.Event()
+        startup = logs.startup
+
+        def slow_startup() -> None:
+            loading.set()
+            assert release.wait(30), "never released"
+            startup()
+
+        logs.startup = slow_startup  # type: ignore[method-assign]
+        publisher = Publisher()
+        broker = KafkaBroker(
+            BrokerSettings(ME, "cluster", "CLIENT"),
+            ServerConfig(),
+            "127.0.0.1",
+            port,
+            logs,
+            cast(MetadataStateMachine, publisher),
+            cast(ControllerClient, None),
+            lambda: 0,
+            fetch_max_waiting=10,
+        )
+        starting = asyncio.create_task(broker.start(first))
+        assert await asyncio.to_thread(loading.wait, 30)
+        publisher.publish(
+            image_with(
+                first,
+                rec.topic("led", b"l" * 16),
+                rec.partition(b"l" * 16, 0, [ME], [ME], leader=ME),
+            )
+        )
+        release.set()
+        try:
+            await asyncio.wait_for(starting, 30)
+            led = broker.replicas.get("led", 0)
+            assert led is not None, "the image published during the start was not applied"
+            assert led.is_leader
+        finally:
+            await broker.stop()
 
     asyncio.run(main())
