@@ -27,12 +27,18 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy storage raft runnel bench controller broker replication
 
-# kcat (Debian's package) for the kcat compatibility tests; they skip, saying why, without it.
+# Debian's packages the tests use: kcat for the kcat compatibility tests and iproute2 (`ip`)
+# for the network-partition tests (nodes in network namespaces, as root); each skips, saying
+# why, without its package.
 system-deps:
-	@command -v kcat >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
-		&& apt-get install -y -qq kcat >/dev/null 2>&1 \
-		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq kcat >/dev/null 2>&1; }; } \
-		|| echo "kcat not installed (apt-get install kcat): its tests will skip"
+	@for want in kcat:kcat ip:iproute2; do \
+		command -v $${want%%:*} >/dev/null && continue; \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+			&& { apt-get install -y -qq $${want#*:} >/dev/null 2>&1 \
+				|| { apt-get update -qq >/dev/null 2>&1 \
+					&& apt-get install -y -qq $${want#*:} >/dev/null 2>&1; }; }; } \
+		|| echo "$${want#*:} not installed (apt-get install $${want#*:}): its tests will skip"; \
+	done
 
 unit: install system-deps
 	$(PY) -m pytest -n 2 -q

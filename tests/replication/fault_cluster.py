@@ -80,6 +80,7 @@ __all__ = [
     "Tail",
     "check_log",
     "check_outcome",
+    "finish",
     "error_name",
     "replication_cluster",
     "start_cluster",
@@ -501,10 +502,18 @@ class Cluster:
 
     @property
     def bootstrap(self) -> str:
-        return self.spec.kafka_bootstrap
+        return ",".join(self.address(b) for b in BROKERS)
+
+    def host(self, node: int) -> str:
+        """The address the node listens on (its own in ``netns_cluster.py``)."""
+        return "127.0.0.1"
+
+    def command_prefix(self, node: int) -> list[str]:
+        """What the node's command runs under (``ip netns exec`` in ``netns_cluster.py``)."""
+        return []
 
     def address(self, broker: int) -> str:
-        return f"127.0.0.1:{self.spec.node(broker).ports[Port.CLIENT]}"
+        return f"{self.host(broker)}:{self.spec.node(broker).ports[Port.CLIENT]}"
 
     @property
     def session_s(self) -> float:
@@ -590,7 +599,10 @@ class Cluster:
             log.write(f"--- {stamp} tests/replication starts node {node}\n".encode())
             log.flush()
             child = subprocess.Popen(
-                [sys.executable, "-m", "runnel", "node", "--config", str(config)],
+                [
+                    *self.command_prefix(node),
+                    *(sys.executable, "-m", "runnel", "node", "--config", str(config)),
+                ],
                 cwd=self.spec.node_dir(node),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -620,7 +632,7 @@ class Cluster:
     def metrics_text(self, node: int, timeout_s: float = 5.0) -> str:
         """The node's ``/metrics`` page (Prometheus text)."""
         port = self.spec.node(node).ports[Port.METRICS]
-        url = f"http://127.0.0.1:{port}/metrics"
+        url = f"http://{self.host(node)}:{port}/metrics"
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             text: str = response.read().decode()
         return text
@@ -1143,10 +1155,16 @@ def replication_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     try:
         yield cluster
     finally:
-        states = {n.node_id: cluster.metadata_state(n.node_id) for n in cluster.spec.nodes()}
-        stop_cluster(cluster)
-        print(cluster.story())
-        for node_id, state in states.items():
-            print(f"node {node_id} at the end: {state}")
-        for node in cluster.spec.nodes():
-            print(cluster.log_excerpt(node.node_id))
+        finish(cluster)
+
+
+def finish(cluster: Cluster) -> None:
+    """Kill every process of the cluster, and print each node's Raft and metadata state (read
+    before the kill), the test's timeline, and each node's warnings and last lines."""
+    states = {n.node_id: cluster.metadata_state(n.node_id) for n in cluster.spec.nodes()}
+    stop_cluster(cluster)
+    print(cluster.story())
+    for node_id, state in states.items():
+        print(f"node {node_id} at the end: {state}")
+    for node in cluster.spec.nodes():
+        print(cluster.log_excerpt(node.node_id))

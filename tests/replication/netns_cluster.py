@@ -1,0 +1,217 @@
+"""A cluster whose nodes are separate hosts: each node runs in a network namespace of its
+own, joined to the others and to the test process by a bridge, so that a test can cut the
+network between two nodes while both keep running and the test's clients reach both.
+
+How this works. ``Network`` makes, for nodes ``n0 .. nk``: a bridge ``rnb<pid>`` in the test
+process's namespace holding the subnet's first address (the clients' side); per node a
+namespace ``runnel-<pid>-<node>`` with one end of a veth pair (``rnv<pid><i>`` on the
+bridge) holding the node's address. ``cut(a, b)`` adds a blackhole route to each in the
+other's namespace: nothing passes between the two (a connection attempt fails at once, a
+connection open before sees its packets vanish), while both still reach everyone else and
+the test process. ``heal`` removes the routes. ``close`` deletes the namespaces (which takes
+their veth pairs) and the bridge; ``remove_stale`` deletes what a test process that died
+left (its pid is in the names).
+
+``start_netns_cluster`` is ``fault_cluster.start_cluster`` on such a network: the same
+``ClusterSpec`` files with each node's addresses moved to its namespace's, each node started
+under ``ip netns exec`` (which execs it: its pid is the node's), and the same ``Cluster``
+helpers, which reach nodes at ``host(node)``.
+
+Needs root (or CAP_NET_ADMIN) and iproute2; ``available`` says whether this machine has
+them, and why not.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fault_cluster as rc
+from test_local_cluster import free_base_port
+
+from runnel.local_cluster import ClusterSpec, Port, process_alive
+
+IP_TIMEOUT_S = 10.0
+SUBNETS = ipaddress.ip_network("10.231.0.0/16")  # one /24 of it per network
+
+
+def ip(*args: str, namespace: str | None = None) -> str:
+    """Run ``ip ARGS`` (inside ``namespace`` if given); raises with its stderr on failure."""
+    command = ["ip", *args] if namespace is None else ["ip", "-n", namespace, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def available() -> str | None:
+    """None if network namespaces can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"runnel-probe-{os.getpid()}"
+    try:
+        ip("netns", "add", probe)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        return f"cannot make a network namespace: {e}"
+    ip("netns", "delete", probe)
+    return None
+
+
+def remove_stale() -> None:
+    """Delete the namespaces and bridges of test processes that are gone."""
+    for name in ip("netns", "list").split():
+        found = re.fullmatch(r"runnel-(\d+)-\d+", name)
+        if found and not process_alive(int(found.group(1))):
+            ip("netns", "delete", name)
+    for found in re.finditer(r"^\d+: (rnb(\d+)):", ip("-o", "link", "show"), re.MULTILINE):
+        if not process_alive(int(found.group(2))):
+            ip("link", "delete", found.group(1))
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    taken = {
+        ipaddress.ip_interface(m.group(1)).network
+        for m in re.finditer(r"inet (\S+)", ip("-4", "-o", "addr", "show"))
+    }
+    subnets = list(SUBNETS.subnets(new_prefix=24))
+    start = os.getpid() % len(subnets)  # concurrent test processes start apart
+    for subnet in subnets[start:] + subnets[:start]:
+        if not any(subnet.overlaps(t) for t in taken):
+            return subnet
+    raise RuntimeError(f"no free /24 in {SUBNETS}")
+
+
+@dataclass
+class Network:
+    nodes: Sequence[int]
+    tag: str = field(default_factory=lambda: str(os.getpid()))
+    subnet: ipaddress.IPv4Network = field(default_factory=_free_subnet)
+    cuts: set[tuple[int, int]] = field(default_factory=set)
+    _made: list[str] = field(default_factory=list)  # namespaces made so far
+
+    @property
+    def bridge(self) -> str:
+        return f"rnb{self.tag}"
+
+    def namespace(self, node: int) -> str:
+        return f"runnel-{self.tag}-{node}"
+
+    def address(self, node: int) -> str:
+        return str(self.subnet[2 + list(self.nodes).index(node)])
+
+    def up(self) -> None:
+        gateway = f"{self.subnet[1]}/{self.subnet.prefixlen}"
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", gateway, "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
+        for i, node in enumerate(self.nodes):
+            ns, outside = self.namespace(node), f"rnv{self.tag}{i}"
+            ip("netns", "add", ns)
+            self._made.append(ns)
+            ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            ip("link", "set", outside, "master", self.bridge)
+            ip("link", "set", outside, "up")
+            ip("addr", "add", f"{self.address(node)}/{self.subnet.prefixlen}", "dev", "eth0",
+               namespace=ns)  # fmt: skip
+            ip("link", "set", "eth0", "up", namespace=ns)
+            ip("link", "set", "lo", "up", namespace=ns)
+
+    def cut(self, a: int, b: int) -> None:
+        """Nothing passes between ``a`` and ``b`` from now on."""
+        for here, there in ((a, b), (b, a)):
+            ip("route", "add", "blackhole", f"{self.address(there)}/32",
+               namespace=self.namespace(here))  # fmt: skip
+        self.cuts.add((min(a, b), max(a, b)))
+
+    def heal(self, a: int, b: int) -> None:
+        for here, there in ((a, b), (b, a)):
+            ip("route", "delete", "blackhole", f"{self.address(there)}/32",
+               namespace=self.namespace(here))  # fmt: skip
+        self.cuts.discard((min(a, b), max(a, b)))
+
+    def isolate(self, node: int, others: Iterable[int]) -> None:
+        for other in others:
+            self.cut(node, other)
+
+    def heal_all(self) -> None:
+        for a, b in sorted(self.cuts):
+            self.heal(a, b)
+
+    def close(self) -> None:
+        """Delete everything made (what fails to go is said, not raised: the next
+        ``remove_stale`` tries again)."""
+        problems = []
+        for ns in self._made:
+            try:
+                ip("netns", "delete", ns)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                problems.append(str(e))
+        try:
+            ip("link", "delete", self.bridge)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            problems.append(str(e))
+        if problems:
+            print("network cleanup:", "; ".join(problems))
+
+
+@dataclass
+class NetnsCluster(rc.Cluster):
+    network: Network | None = None
+
+    def _network(self) -> Network:
+        assert self.network is not None
+        return self.network
+
+    def host(self, node: int) -> str:
+        return self._network().address(node)
+
+    def command_prefix(self, node: int) -> list[str]:
+        return ["ip", "netns", "exec", self._network().namespace(node)]
+
+
+def start_netns_cluster(
+    data_dir: Path, network: Network, overrides: dict[str, dict[str, int]] | None = None
+) -> NetnsCluster:
+    """1 controller and 3 brokers (``fault_cluster``'s ids and settings), each in its own
+    namespace of ``network``, healthy."""
+    spec = ClusterSpec(1, len(rc.BROKERS), data_dir.absolute(), free_base_port(4))
+    spec.save()
+    spec.write_node_configs()
+    chosen = rc.settings(overrides or {})
+    controller = spec.node(1)
+    for node in spec.nodes():
+        path = spec.config_path(node.node_id)
+        text = path.read_text()
+        own = network.address(node.node_id)
+        lines = [
+            line.replace("127.0.0.1", own) if line.startswith("listeners = ") else line
+            for line in text.splitlines()
+        ]
+        text = "\n".join(lines) + "\n"
+        text = text.replace(
+            f"1@127.0.0.1:{controller.ports[Port.CONTROLLER]}",
+            f"1@{network.address(1)}:{controller.ports[Port.CONTROLLER]}",
+        )
+        path.write_text(text + rc._settings_toml(chosen))
+    cluster = NetnsCluster(spec, chosen, network=network)
+    try:
+        for node in spec.nodes():
+            cluster.start(node.node_id)
+        rc.wait_for(
+            "every broker to list all three unfenced",
+            lambda: True if all(cluster._lists_all(b) for b in rc.BROKERS) else None,
+            rc.UP_TIMEOUT_S,
+            0.25,
+        )
+    except BaseException:
+        rc.stop_cluster(cluster)
+        raise
+    cluster.started = time.monotonic()
+    cluster.note(f"cluster up in {spec.data_dir}, bootstrap {cluster.bootstrap}")
+    return cluster

@@ -1,0 +1,182 @@
+"""Network partitions between running nodes: 1 controller and 3 brokers, each in a network
+namespace of its own (``netns_cluster.py``), a topic of one partition with replication factor
+3 and min.insync.replicas 2, a producer writing unique values with acks=all and a consumer
+tailing it from the test's own namespace, which reaches every node throughout.
+
+Unlike a paused process, a node cut off keeps running: a leader cut off from the controller
+and its followers still takes produce requests from clients that reach it and tries to shrink
+its ISR; a follower cut off from its leader still heartbeats to the controller; brokers cut
+off from the controller still serve with the image they have while the controller fences
+them. At the end of each test, as in ``test_cluster_replication.py``: the replicas agree batch
+for batch below the high watermark, every acknowledged record is in the log once at its
+offset, and the consumer saw nothing the log does not hold.
+
+Needs root (network namespaces): skipped, saying so, elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fault_cluster as rc
+import netns_cluster as nc
+import pytest
+
+CONTROLLER = 1
+NODES = (CONTROLLER, *rc.BROKERS)
+TOPIC = "cut"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
+    why = nc.available()
+    if why is not None:
+        pytest.skip(why)
+    nc.remove_stale()
+    network = nc.Network(NODES)
+    try:
+        network.up()
+        started = nc.start_netns_cluster(tmp_path / "cluster", network)
+        try:
+            yield started
+        finally:
+            rc.finish(started)
+    finally:
+        network.close()
+
+
+def network(c: nc.NetnsCluster) -> nc.Network:
+    assert c.network is not None
+    return c.network
+
+
+def latest_epoch(c: nc.NetnsCluster) -> int:
+    """The highest leader epoch of a batch any replica of partition 0 stores."""
+    return max(max(c.epochs(b, TOPIC, 0), default=-1) for b in rc.BROKERS)
+
+
+def finish_load(c: nc.NetnsCluster, load: rc.Continuous, tail: rc.Tail, extra: list[str]) -> None:
+    """Stop the producer and the consumer; check the outcome with ``extra`` values that were
+    sent but may not be acknowledged."""
+    load.stop()
+    tail.stop()
+    c.note(f"stopped: {load.report.summary()}; consumer saw {len(tail.seen)}")
+    assert load.unflushed == 0, load.report.summary()
+    final = rc.check_outcome(c, TOPIC, 1, [load.report, rc.LoadReport(sent=extra)], tail=tail)
+    in_log = [(o, v) for o, v in final[0] if v in extra]
+    assert not in_log, f"records only the cut-off leader took are in the log: {in_log}"
+
+
+@pytest.mark.slow
+def test_a_leader_cut_off_acknowledges_nothing_and_its_tail_is_truncated(
+    cluster: nc.NetnsCluster,
+) -> None:
+    """The leader loses the controller and both followers, not the clients. A request sent to
+    it once cut off must not be acknowledged (its followers cannot fetch, and it cannot shrink
+    its ISR without the controller); the controller fences it and a follower leads; healed, it
+    follows and drops what only it took."""
+    c = cluster
+    [view] = c.create_topic(TOPIC, 1)
+    old = view.leader
+    others = [b for b in rc.BROKERS if b != old]
+    load = rc.Continuous(c.bootstrap, TOPIC, 1, "cut-leader", rc.ONCE)
+    with rc.Tail(c, TOPIC, 1) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before the cut")
+        network(c).isolate(old, [CONTROLLER, *others])
+        cut_at = time.monotonic()
+        c.note(f"cut leader {old} off from the controller and brokers {others}")
+        queued = rc.QueuedProduce(c.address(old), TOPIC, 0, "to-the-cut-off-leader")
+        c.wait_partitions(
+            f"a leader other than {old}, which is out of the ISR",
+            TOPIC,
+            lambda v: v[0].leader in others and old not in v[0].isr,
+            c.session_s + 20,
+            via=others,
+        )
+        rc.wait_acks(c, load, cut_at, 0, 50, "acks from the new leader")
+        answer = queued.answer(timeout_s=30)
+        c.note(f"the cut-off leader answered {answer}")
+        assert answer[0] != 0, f"the cut-off leader acknowledged a write at {answer[1]}"
+        network(c).heal_all()
+        healed_at = time.monotonic()
+        c.note("healed")
+        c.wait_full_isr(TOPIC, 60)
+        rc.wait_acks(c, load, healed_at, 0, 50, "acks once the old leader is back in the ISR")
+    finish_load(c, load, tail, [queued.value])
+
+
+@pytest.mark.slow
+def test_a_follower_cut_off_from_its_leader_leaves_the_isr_and_rejoins(
+    cluster: nc.NetnsCluster,
+) -> None:
+    """The follower still reaches the controller (it stays unfenced), only not its leader:
+    the leader drops it from the ISR after replica_lag_time_max_ms, acks=all goes on with two
+    replicas, and once healed it catches up and is back in the ISR."""
+    c = cluster
+    [view] = c.create_topic(TOPIC, 1)
+    leader = view.leader
+    follower = next(b for b in rc.BROKERS if b != leader)
+    load = rc.Continuous(c.bootstrap, TOPIC, 1, "cut-follower", rc.ONCE)
+    with rc.Tail(c, TOPIC, 1) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before the cut")
+        network(c).cut(leader, follower)
+        c.note(f"cut follower {follower} off from leader {leader}")
+        c.wait_partitions(
+            f"{follower} out of the ISR",
+            TOPIC,
+            lambda v: (
+                v[0].leader == leader and v[0].isr == tuple(b for b in rc.BROKERS if b != follower)
+            ),
+            c.lag_s + 20,
+            via=[leader],
+        )
+        assert follower in c.unfenced(leader), "the follower was fenced: it reaches the controller"
+        rc.wait_acks(c, load, time.monotonic(), 0, 100, "acks with two replicas in sync")
+        network(c).heal(leader, follower)
+        healed_at = time.monotonic()
+        c.note("healed")
+        c.wait_full_isr(TOPIC, 60)
+        rc.wait_acks(c, load, healed_at, 0, 50, "acks once the follower is back in the ISR")
+    finish_load(c, load, tail, [])
+
+
+@pytest.mark.slow
+def test_brokers_cut_off_from_the_controller_lose_nothing_when_it_comes_back(
+    cluster: nc.NetnsCluster,
+) -> None:
+    """The controller loses every broker for twice the session timeout. The brokers still
+    reach each other and go on with the image they have (acks=all goes on: the ISR needs no
+    change); the controller fences them all. Healed, they learn they were fenced, register
+    their heartbeats again, are unfenced, and the partition has a leader from its ISR again,
+    with nothing acknowledged lost."""
+    c = cluster
+    c.create_topic(TOPIC, 1)
+    load = rc.Continuous(c.bootstrap, TOPIC, 1, "cut-controller", rc.ONCE)
+    with rc.Tail(c, TOPIC, 1) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before the cut")
+        before = latest_epoch(c)
+        network(c).isolate(CONTROLLER, rc.BROKERS)
+        cut_at = time.monotonic()
+        c.note("cut the controller off from every broker")
+        rc.wait_acks(c, load, cut_at, 0, 100, "acks while the controller is cut off")
+        rc.wait_for(
+            "twice the session timeout",
+            lambda: True if time.monotonic() - cut_at > 2 * c.session_s else None,
+            3 * c.session_s,
+        )
+        rc.wait_acks(c, load, time.monotonic(), 0, 50, "acks after the controller fenced all")
+        network(c).heal_all()
+        c.note("healed")
+        # The brokers' views may still be those from before the cut: what shows that they
+        # learned of the fencing and recovered is a leader elected since taking records.
+        rc.wait_for(
+            f"records written at a leader epoch above {before}",
+            lambda: True if latest_epoch(c) > before else None,
+            60,
+        )
+        c.note(f"records at leader epoch {latest_epoch(c)}")
+        c.wait_full_isr(TOPIC, 60)
+        rc.wait_acks(c, load, time.monotonic(), 0, 50, "acks once the controller is back")
+    finish_load(c, load, tail, [])
