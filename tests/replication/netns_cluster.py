@@ -23,12 +23,13 @@ them, and why not.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,21 +124,31 @@ class Network:
             ip("link", "set", "lo", "up", namespace=ns)
 
     def cut(self, a: int, b: int) -> None:
-        """Nothing passes between ``a`` and ``b`` from now on."""
+        """Nothing passes between ``a`` and ``b`` from now on (already cut: nothing to do)."""
+        pair = (min(a, b), max(a, b))
+        if pair in self.cuts:
+            return
         for here, there in ((a, b), (b, a)):
             ip("route", "add", "blackhole", f"{self.address(there)}/32",
                namespace=self.namespace(here))  # fmt: skip
-        self.cuts.add((min(a, b), max(a, b)))
+        self.cuts.add(pair)
 
     def heal(self, a: int, b: int) -> None:
+        """``a`` and ``b`` reach each other again (not cut: nothing to do)."""
+        pair = (min(a, b), max(a, b))
+        if pair not in self.cuts:
+            return
         for here, there in ((a, b), (b, a)):
             ip("route", "delete", "blackhole", f"{self.address(there)}/32",
                namespace=self.namespace(here))  # fmt: skip
-        self.cuts.discard((min(a, b), max(a, b)))
+        self.cuts.discard(pair)
 
-    def isolate(self, node: int, others: Iterable[int]) -> None:
-        for other in others:
-            self.cut(node, other)
+    def isolate(self, node: int, others: Iterable[int]) -> list[tuple[int, int]]:
+        """Cut ``node`` from each of ``others``; returns the pairs cut."""
+        pairs = [(node, other) for other in others]
+        for a, b in pairs:
+            self.cut(a, b)
+        return pairs
 
     def heal_all(self) -> None:
         for a, b in sorted(self.cuts):
@@ -215,3 +226,23 @@ def start_netns_cluster(
     cluster.started = time.monotonic()
     cluster.note(f"cluster up in {spec.data_dir}, bootstrap {cluster.bootstrap}")
     return cluster
+
+
+@contextlib.contextmanager
+def running(
+    data_dir: Path, overrides: dict[str, dict[str, int]] | None = None
+) -> Iterator[NetnsCluster]:
+    """A healthy cluster on a network of its own (``start_netns_cluster``); on the way out
+    the processes are killed (``fault_cluster.finish``, which prints what a failure needs)
+    and the network deleted. The caller checks ``available`` first."""
+    remove_stale()
+    network = Network((1, *rc.BROKERS))
+    try:
+        network.up()
+        cluster = start_netns_cluster(data_dir, network, overrides)
+        try:
+            yield cluster
+        finally:
+            rc.finish(cluster)
+    finally:
+        network.close()

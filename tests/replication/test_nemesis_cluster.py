@@ -5,17 +5,22 @@ tailing the topic the whole time.
 
 Each step strikes one or two brokers at once (two leave a single one running: acks=all
 must then fail, not lie), each with one of: kill -9, SIGSTOP, SIGTERM (a controlled
-shutdown), chosen among the leaders half the time, and in a quarter of the steps the
-controller too (kill -9 or SIGSTOP: no metadata changes meanwhile, the brokers go on with
-the image they have); waits a random while (up to twice the
-session timeout, so a paused broker is sometimes fenced and sometimes not); heals them in a
-random order (start again, SIGCONT); and waits until every partition has its full ISR and the
-producer has records acknowledged again. At the end, as in ``test_cluster_replication.py``:
-the replicas agree batch for batch below the high watermark, every acknowledged record is in
-the log once at its offset, and the consumer saw nothing the log does not hold.
+shutdown), and where network namespaces can be made (root; ``netns_cluster.py``, each node
+a host of its own) three cuts of the network: the broker cut off from everyone but the
+clients, from the controller only (it goes on replicating while the controller fences it),
+or from one other broker; chosen among the leaders half the time. In a quarter of the steps
+the controller too (kill -9 or SIGSTOP, or cut off from every broker: no metadata reaches
+the brokers meanwhile, they go on with the image they have). Then it waits a random while
+(up to twice the session timeout, so a paused or cut-off broker is sometimes fenced and
+sometimes not); heals them in a random order (start again, SIGCONT, the cuts removed); and
+waits until every partition has its full ISR and the producer has records acknowledged
+again. At the end, as in ``test_cluster_replication.py``: the replicas agree batch for batch
+below the high watermark, every acknowledged record is in the log once at its offset, and
+the consumer saw nothing the log does not hold.
 
 Each failure names its seed; replay one with ``NEMESIS_SEEDS=7 python -m pytest
-tests/replication/test_nemesis_cluster.py`` (the faults are the same; the timing of real
+tests/replication/test_nemesis_cluster.py`` (the faults are the same on any machine that
+can make network namespaces, and differ from those drawn where it cannot; the timing of real
 processes is not).
 """
 
@@ -24,37 +29,91 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import fault_cluster as rc
+import netns_cluster as nc
 import pytest
 
-replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
 
 PARTITIONS = 3
 STEPS = 5
 CONTROLLER = 1
 FAULTS = ("kill", "pause", "terminate")
+NETWORK_FAULTS = ("isolate", "lose-controller", "split")  # with network namespaces only
 SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,3").split(",")]
 
 
-def strike(c: Cluster, broker: int, fault: str) -> None:
-    if fault == "kill":
-        c.kill(broker)
-    elif fault == "pause":
-        c.pause(broker)
-    else:
-        c.terminate(broker)
+@pytest.fixture
+def nemesis_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Nodes on a network of their own where this machine can make one (the network faults
+    need it), else on 127.0.0.1 (``fault_cluster.replication_cluster``)."""
+    if nc.available() is None:
+        with nc.running(tmp_path / "cluster") as netns:
+            yield netns
+        return
+    cluster = rc.start_cluster(tmp_path / "cluster")
+    try:
+        yield cluster
+    finally:
+        rc.finish(cluster)
 
 
-def heal(c: Cluster, broker: int, fault: str) -> None:
-    if fault == "pause":
-        c.resume(broker)
-    else:
-        c.start(broker)
+class Faults:
+    """Strikes and heals; remembers which cuts each struck node made."""
+
+    def __init__(self, c: Cluster, rng: random.Random) -> None:
+        self.c, self.rng = c, rng
+        self.cuts: dict[int, list[tuple[int, int]]] = {}
+
+    def strike(self, node: int, fault: str) -> None:
+        c = self.c
+        if fault == "kill":
+            c.kill(node)
+        elif fault == "pause":
+            c.pause(node)
+        elif fault == "terminate":
+            c.terminate(node)
+        else:
+            network = self._network()
+            others = [b for b in rc.BROKERS if b != node]
+            if fault == "isolate":  # the controller from every broker, a broker from all
+                pairs = network.isolate(
+                    node, others if node == CONTROLLER else [CONTROLLER, *others]
+                )
+            elif fault == "lose-controller":
+                pairs = network.isolate(node, [CONTROLLER])
+            else:  # split: from one other broker
+                pairs = network.isolate(node, [self.rng.choice(others)])
+            self.cuts[node] = pairs
+            c.note(f"cut {node} off from {[b for _, b in pairs]}")
+
+    def heal(self, node: int, fault: str) -> None:
+        c = self.c
+        if fault == "pause":
+            c.resume(node)
+        elif fault in FAULTS:
+            c.start(node)
+        else:
+            for a, b in self.cuts.pop(node):
+                self._network().heal(a, b)
+            c.note(f"healed the cuts of {node}")
+
+    def broker_faults(self) -> tuple[str, ...]:
+        return FAULTS + NETWORK_FAULTS if isinstance(self.c, nc.NetnsCluster) else FAULTS
+
+    def controller_faults(self) -> tuple[str, ...]:
+        networked = isinstance(self.c, nc.NetnsCluster)
+        return ("kill", "pause", "isolate") if networked else ("kill", "pause")
+
+    def _network(self) -> nc.Network:
+        assert isinstance(self.c, nc.NetnsCluster) and self.c.network is not None
+        return self.c.network
 
 
-def victims(c: Cluster, rng: random.Random, topic: str) -> list[tuple[int, str]]:
+def victims(c: Cluster, faults: Faults, rng: random.Random, topic: str) -> list[tuple[int, str]]:
     """One or two brokers, leaders half the time, each with its fault; sometimes the
     controller too."""
     leaders = sorted({v.leader for v in c.partitions(topic, rc.BROKERS)} - {-1})
@@ -63,30 +122,31 @@ def victims(c: Cluster, rng: random.Random, topic: str) -> list[tuple[int, str]]
     chosen = [first]
     if rng.random() < 0.4:
         chosen.append(rng.choice([b for b in rc.BROKERS if b != first]))
-    struck = [(b, rng.choice(FAULTS)) for b in chosen]
+    struck = [(b, rng.choice(faults.broker_faults())) for b in chosen]
     if rng.random() < 0.25:
-        struck.append((CONTROLLER, rng.choice(("kill", "pause"))))
+        struck.append((CONTROLLER, rng.choice(faults.controller_faults())))
     return struck
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_faults_lose_no_acknowledged_record(replication_cluster: Cluster, seed: int) -> None:
-    c, topic, rng = replication_cluster, "nemesis", random.Random(seed)
+def test_random_faults_lose_no_acknowledged_record(nemesis_cluster: Cluster, seed: int) -> None:
+    c, topic, rng = nemesis_cluster, "nemesis", random.Random(seed)
+    faults = Faults(c, rng)
     c.note(f"seed {seed} (replay: NEMESIS_SEEDS={seed})")
     c.create_topic(topic, PARTITIONS)
     load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "nemesis", rc.ONCE)
     with rc.Tail(c, topic, PARTITIONS) as tail, load:
         rc.wait_acks(c, load, 0, 0, 50, f"seed {seed}: acks before any fault")
         for step in range(1, STEPS + 1):
-            struck = victims(c, rng, topic)
-            for broker, fault in struck:
-                strike(c, broker, fault)
+            struck = victims(c, faults, rng, topic)
+            for node, fault in struck:
+                faults.strike(node, fault)
             c.note(f"seed {seed} step {step}: {struck}")
             time.sleep(rng.uniform(0.5, 2 * c.session_s))
             rng.shuffle(struck)
-            for broker, fault in struck:
-                heal(c, broker, fault)
+            for node, fault in struck:
+                faults.heal(node, fault)
             c.wait_full_isr(topic, 60)
             rc.wait_acks(c, load, time.monotonic(), 0, 30, f"seed {seed} step {step}: healed")
     load.stop()

@@ -25,7 +25,6 @@ import netns_cluster as nc
 import pytest
 
 CONTROLLER = 1
-NODES = (CONTROLLER, *rc.BROKERS)
 TOPIC = "cut"
 
 
@@ -34,17 +33,8 @@ def cluster(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
     why = nc.available()
     if why is not None:
         pytest.skip(why)
-    nc.remove_stale()
-    network = nc.Network(NODES)
-    try:
-        network.up()
-        started = nc.start_netns_cluster(tmp_path / "cluster", network)
-        try:
-            yield started
-        finally:
-            rc.finish(started)
-    finally:
-        network.close()
+    with nc.running(tmp_path / "cluster") as started:
+        yield started
 
 
 def network(c: nc.NetnsCluster) -> nc.Network:
