@@ -60,7 +60,15 @@ def available() -> str | None:
         ip("netns", "add", probe)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         return f"cannot make a network namespace: {e}"
-    ip("netns", "delete", probe)
+    try:
+        ip("link", "add", f"rnp{os.getpid()}", "type", "veth", "peer", "name", "eth0",
+           "netns", probe)  # fmt: skip
+        ip("route", "add", "blackhole", "192.0.2.1/32", namespace=probe)
+        ip("link", "add", "br0", "type", "bridge", namespace=probe)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return f"cannot make a veth pair, a bridge or a blackhole route: {e}"
+    finally:
+        ip("netns", "delete", probe)  # takes the veth pair and the bridge with it
     return None
 
 
