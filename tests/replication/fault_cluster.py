@@ -74,6 +74,7 @@ __all__ = [
     "ONCE",
     "LoadReport",
     "LogCheck",
+    "handle_destroyed_resends",
     "PartitionView",
     "QueuedProduce",
     "StoredBatch",
@@ -202,6 +203,9 @@ class LoadReport:
     failed: dict[str, tuple[int, int, str, float]] = field(default_factory=dict)  # p, code
     produce_errors: Counter[str] = field(default_factory=Counter)  # produce() raised
     idempotent: bool = False
+    # librdkafka's lines on each failed message set, with the action it took (a resend that
+    # counts no retry shows here and nowhere else), in order: ``Continuous``.
+    client_errors: list[str] = field(default_factory=list)
 
     # A running producer's delivery reports add to ``acked`` and ``failed`` from its thread:
     # read them through list() snapshots (one C call, no thread switch inside), as
@@ -238,7 +242,13 @@ class Continuous:
         self.per_round, self.pause_s = per_round, pause_s
         self.report = LoadReport(idempotent=bool(config.get("enable.idempotence")))
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "logger": NULL_LOGGER, "error_cb": _quiet, **config}
+            {
+                "bootstrap.servers": bootstrap,
+                "logger": _MessageSetErrors(self.report.client_errors),
+                "debug": "msg",
+                "error_cb": _quiet,
+                **config,
+            }
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"produce-{tag}", daemon=True)
@@ -374,9 +384,15 @@ def check_log(
     * no value of an idempotent producer is there twice. A producer without idempotence
       resends a record answered NOT_LEADER_OR_FOLLOWER even with ``retries`` 0 (librdkafka
       counts no retry for it: "no chance of duplicate delivery"), yet the first copy may
-      have been committed while leadership moved (Kafka answers the same). So two copies
-      are tolerated (and returned) only in different leader epochs, in epoch order; two in
-      one epoch, never legitimately sent, are a problem."""
+      have been committed while leadership moved (Kafka answers the same). So copies are
+      tolerated (and returned) in different leader epochs, in epoch order. Copies in one
+      epoch come from one other resend that counts no retry: librdkafka drops the handle
+      of a broker that a Metadata answer leaves out (Kafka's, like runnel's, leave fenced
+      brokers out) and resends what was in flight to it ("Broker handle destroyed without
+      termination", actions Refresh,MsgNotPersisted), though the broker may have appended
+      it. Such copies are tolerated per partition up to the number of messages the
+      producer's log (``LoadReport.client_errors``) says it resent so; beyond that, or out
+      of epoch order, they are a problem."""
     problems = []
     where: dict[str, list[tuple[int, int]]] = {}
     for partition, records in sorted(final.items()):
@@ -398,15 +414,23 @@ def check_log(
                 moved.append((value, (partition, offset), places))
     strangers = [v for v in where if v not in sender]
     retried, twice = {}, {}
-    for value, places in where.items():
+    resent = {id(r): handle_destroyed_resends(r.client_errors) for r in sender.values()}
+    for value, places in sorted(where.items(), key=lambda item: min(item[1])):
         if len(places) < 2 or value not in sender:
             continue
         copies = [(p, o, _epoch_at(batches.get(p, []), o)) for p, o in places]
         epochs = [e for _, _, e in copies]
-        one_partition = len({p for p, _, _ in copies}) == 1
-        if sender[value].idempotent or not one_partition or epochs != sorted(set(epochs)):
+        partitions = {p for p, _, _ in copies}
+        if sender[value].idempotent or len(partitions) != 1 or epochs != sorted(epochs):
+            twice[value] = copies
+            continue
+        (partition,) = partitions
+        same_epoch = len(epochs) - len(set(epochs))
+        budget = resent[id(sender[value])]
+        if same_epoch > budget[partition]:
             twice[value] = copies
         else:
+            budget[partition] -= same_epoch
             retried[value] = copies
     if lost:
         problems.append(f"{len(lost)} acknowledged records are not in the log: {lost[:20]}")
@@ -421,6 +445,23 @@ def check_log(
             f"epoch): {several}"
         )
     return LogCheck(problems, retried)
+
+
+_HANDLE_DESTROYED = re.compile(
+    r"\[(\d+)\]: MessageSet with (\d+) message\(s\).*encountered error: "
+    r"Local: Broker handle destroyed"
+)
+
+
+def handle_destroyed_resends(client_errors: Iterable[str]) -> Counter[int]:
+    """Per partition, how many messages librdkafka resent because it dropped the handle of
+    the broker they were in flight to (``check_log``)."""
+    resent: Counter[int] = Counter()
+    for line in client_errors:
+        found = _HANDLE_DESTROYED.search(line)
+        if found:
+            resent[int(found.group(1))] += int(found.group(2))
+    return resent
 
 
 def _epoch_at(batches: list[StoredBatch], offset: int) -> int:
@@ -472,6 +513,21 @@ class QueuedProduce:
                 raise ConnectionError(f"the broker closed the connection after {len(data)} bytes")
             data += chunk
         return data
+
+
+class _MessageSetErrors:
+    """A librdkafka logger keeping only its lines on failed message sets ("MessageSet with
+    N message(s) ... encountered error: E (actions A)"), stamped, at most ``MAX`` of them."""
+
+    MAX = 20_000
+
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        line = fmt % args if args else fmt
+        if "encountered error" in line and len(self.into) < self.MAX:
+            self.into.append(f"{time.strftime('%H:%M:%S')} {line}")
 
 
 class _NullLogger:
@@ -1025,15 +1081,22 @@ def check_outcome(
     if tail is not None:
         problems += tail.problems(final)
     said = "\n".join(f"producer {i}: {r.summary()}" for i, r in enumerate(reports))
+    client = []
+    for i, report in enumerate(reports):
+        if report.client_errors:
+            path = c.spec.data_dir / f"producer-{i}-failed-message-sets.log"
+            path.write_text("".join(f"{line}\n" for line in report.client_errors))
+            client.append(f"producer {i}: {len(report.client_errors)} in {path}")
     epochs = {b: [c.epochs(b, topic, p) for p in range(partitions)] for b in BROKERS}
     assert not disagreements and not problems, (
         "replicas disagree:\n  " + "\n  ".join(disagreements) + "\nlog problems:\n  "
         + "\n  ".join(problems) + f"\n{said}\nhigh watermarks {hws}; epochs by replica "
-        f"{epochs}\n{c.story()}"
+        f"{epochs}\nthe client's failed message sets: {'; '.join(client) or 'none'}\n{c.story()}"
     )  # fmt: skip
     c.note(f"{topic}: log and replicas check out; {said}; epochs by replica {epochs}")
     if retried:
-        c.note(f"resent across a leader change, first copy kept: {list(retried.items())[:10]}")
+        kept = list(retried.items())[:10]
+        c.note(f"resent (a leader change, or a broker handle dropped), first copy kept: {kept}")
     return final
 
 
