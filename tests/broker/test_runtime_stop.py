@@ -47,6 +47,20 @@ def image_with(base: MetadataImage, *records: Any) -> MetadataImage:
     return delta.apply()
 
 
+def broker_on(port: int, logs: LogManager, publisher: Publisher) -> KafkaBroker:
+    return KafkaBroker(
+        BrokerSettings(ME, "cluster", "CLIENT"),
+        ServerConfig(),
+        "127.0.0.1",
+        port,
+        logs,
+        cast(MetadataStateMachine, publisher),
+        cast(ControllerClient, None),  # nothing here is forwarded or proposed
+        lambda: 0,
+        fetch_max_waiting=10,
+    )
+
+
 def test_images_published_while_the_broker_stops_change_nothing(tmp_path: Path) -> None:
     async def main() -> None:
         (port,) = free_ports(1)
@@ -62,17 +76,7 @@ def test_images_published_while_the_broker_stops_change_nothing(tmp_path: Path) 
         )
         logs = LogManager([tmp_path / "data"], LogConfig())
         publisher = Publisher()
-        broker = KafkaBroker(
-            BrokerSettings(ME, "cluster", "CLIENT"),
-            ServerConfig(),
-            "127.0.0.1",
-            port,
-            logs,
-            cast(MetadataStateMachine, publisher),
-            cast(ControllerClient, None),  # nothing here is forwarded or proposed
-            lambda: 0,
-            fetch_max_waiting=10,
-        )
+        broker = broker_on(port, logs, publisher)
         await broker.start(first)
         stopping = asyncio.create_task(broker.stop())
         await asyncio.sleep(0)  # stop() has begun: the listener is closing
@@ -116,17 +120,7 @@ def test_an_image_published_while_the_logs_load_is_applied(tmp_path: Path) -> No
 
         logs.startup = slow_startup  # type: ignore[method-assign]
         publisher = Publisher()
-        broker = KafkaBroker(
-            BrokerSettings(ME, "cluster", "CLIENT"),
-            ServerConfig(),
-            "127.0.0.1",
-            port,
-            logs,
-            cast(MetadataStateMachine, publisher),
-            cast(ControllerClient, None),
-            lambda: 0,
-            fetch_max_waiting=10,
-        )
+        broker = broker_on(port, logs, publisher)
         starting = asyncio.create_task(broker.start(first))
         assert await asyncio.to_thread(loading.wait, 30)
         publisher.publish(
