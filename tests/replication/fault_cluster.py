@@ -74,6 +74,7 @@ __all__ = [
     "ONCE",
     "LoadReport",
     "LogCheck",
+    "produce_one",
     "handle_destroyed_resends",
     "PartitionView",
     "QueuedProduce",
@@ -1098,6 +1099,30 @@ def check_outcome(
         kept = list(retried.items())[:10]
         c.note(f"resent (a leader change, or a broker handle dropped), first copy kept: {kept}")
     return final
+
+
+def produce_one(c: Cluster, topic: str, value: str) -> tuple[int | None, int]:
+    """One acks=all record to partition 0, not retried: (error code or None, offset)."""
+    producer = Producer(
+        {
+            **ONCE,
+            "bootstrap.servers": c.bootstrap,
+            "message.timeout.ms": 8000,
+            "logger": NULL_LOGGER,
+        }
+    )
+    outcome: list[tuple[int | None, int]] = []
+    producer.produce(
+        topic,
+        value.encode(),
+        partition=0,
+        on_delivery=lambda e, m: outcome.append((None if e is None else e.code(), m.offset())),
+    )
+    left = producer.flush(15)
+    assert left == 0 and len(outcome) == 1, f"no delivery report for {value}\n{c.story()}"
+    code, offset = outcome[0]
+    c.note(f"produced {value}: {'ok at ' + str(offset) if code is None else error_name(code)}")
+    return outcome[0]
 
 
 def wait_acks(c: Cluster, load: Any, since: float, partition: int, count: int, what: str) -> None:

@@ -19,7 +19,7 @@ from collections import Counter
 
 import fault_cluster as rc
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 replication_cluster = rc.replication_cluster
 Cluster = rc.Cluster
@@ -136,30 +136,6 @@ def test_a_paused_leader_acknowledges_nothing_after_losing_leadership_and_is_tru
 # -- 3. ISR shrink and expand; NOT_ENOUGH_REPLICAS with two replicas down ----------------------
 
 
-def produce_one(c: Cluster, topic: str, value: str) -> tuple[int | None, int]:
-    """One acks=all record to partition 0, not retried: (error code or None, offset)."""
-    producer = Producer(
-        {
-            **rc.ONCE,
-            "bootstrap.servers": c.bootstrap,
-            "message.timeout.ms": 8000,
-            "logger": rc.NULL_LOGGER,
-        }
-    )
-    outcome: list[tuple[int | None, int]] = []
-    producer.produce(
-        topic,
-        value.encode(),
-        partition=0,
-        on_delivery=lambda e, m: outcome.append((None if e is None else e.code(), m.offset())),
-    )
-    left = producer.flush(15)
-    assert left == 0 and len(outcome) == 1, f"no delivery report for {value}\n{c.story()}"
-    code, offset = outcome[0]
-    c.note(f"produced {value}: {'ok at ' + str(offset) if code is None else rc.error_name(code)}")
-    return outcome[0]
-
-
 @pytest.mark.slow
 @rc.with_settings(
     controller={"broker_session_timeout_ms": 10_000}, broker={"replica_lag_time_max_ms": 2000}
@@ -176,7 +152,7 @@ def test_isr_shrinks_and_expands_and_acks_all_needs_min_insync_replicas(
 
     def ok(value: str) -> None:
         report.sent.append(value)
-        code, offset = produce_one(c, topic, value)
+        code, offset = rc.produce_one(c, topic, value)
         assert code is None, f"{value}: {rc.error_name(code or 0)}\n{c.story()}"
         report.acked[value] = (0, offset, time.monotonic())
 
@@ -212,7 +188,7 @@ def test_isr_shrinks_and_expands_and_acks_all_needs_min_insync_replicas(
     )
     end_before = c.log_ends(topic, 0)[leader]
     report.sent.append("isr-refused")
-    code, _ = produce_one(c, topic, "isr-refused")
+    code, _ = rc.produce_one(c, topic, "isr-refused")
     assert code == KafkaError.NOT_ENOUGH_REPLICAS, (
         f"acks=all with the ISR {leader} alone: {rc.error_name(code) if code else 'acknowledged'}"
         f"\n{c.story()}"
