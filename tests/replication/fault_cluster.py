@@ -694,31 +694,36 @@ class Cluster:
             text: str = response.read().decode()
         return text
 
+    def raft_state(self, node: int, timeout_s: float = 5.0) -> dict[str, str]:
+        """The node's Raft and metadata state from its metrics: role, raft_leader_id,
+        raft_epoch, raft_high_watermark, metadata_applied_offset (as printed: "3.0"),
+        image_offset and image_digest ("?" for what is missing). Raises OSError when the
+        metrics do not answer."""
+        text = self.metrics_text(node, timeout_s=timeout_s)
+        state = {"role": "?"}
+        role = re.search(r'^runnel_raft_role\{[^}]*role="(\w+)"\} 1', text, re.MULTILINE)
+        if role:
+            state["role"] = role.group(1)
+        for name in ("raft_leader_id", "raft_epoch", "raft_high_watermark",
+                     "metadata_applied_offset"):  # fmt: skip
+            found = re.search(rf"^runnel_{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+            state[name] = found.group(1) if found else "?"
+        image = re.search(r"^runnel_metadata_image\{([^}]*)\}", text, re.MULTILINE)
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', image.group(1))) if image else {}
+        state["image_offset"] = labels.get("offset", "?")
+        state["image_digest"] = labels.get("digest", "?")
+        return state
+
     def metadata_state(self, node: int) -> str:
-        """One line of the node's Raft and metadata state from its metrics (role, leader,
-        epoch, high watermark, applied offset), or why there is none: printed at the end of
-        every test, so a node that stopped applying the metadata log shows."""
+        """One line of ``raft_state``, or why there is none: printed at the end of every
+        test, so a node that stopped applying the metadata log shows."""
         if node in self.paused:
             return "paused"
         try:
-            text = self.metrics_text(node, timeout_s=2.0)
+            state = self.raft_state(node, timeout_s=2.0)
         except OSError as e:
             return f"no metrics: {e}"
-        role = re.search(r'^runnel_raft_role\{[^}]*role="(\w+)"\} 1', text, re.MULTILINE)
-        found = {
-            name: re.search(rf"^runnel_{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
-            for name in (
-                "raft_leader_id",
-                "raft_epoch",
-                "raft_high_watermark",
-                "metadata_applied_offset",
-            )
-        }
-        found["image_offset"] = re.search(
-            r'^runnel_metadata_image\{[^}]*offset="(\d+)"', text, re.M
-        )
-        values = " ".join(f"{k}={m.group(1) if m else '?'}" for k, m in found.items())
-        return f"{role.group(1) if role else '?'} {values}"
+        return " ".join(f"{k}={v}" for k, v in state.items())
 
     # -- metadata --------------------------------------------------------------------------
     def admin(self, via: Iterable[int] | None = None) -> AdminClient:

@@ -36,7 +36,7 @@ from pathlib import Path
 import fault_cluster as rc
 from test_local_cluster import free_base_port
 
-from runnel.local_cluster import ClusterSpec, Port, process_alive
+from runnel.local_cluster import ClusterSpec, process_alive
 
 IP_TIMEOUT_S = 10.0
 SUBNETS = ipaddress.ip_network("10.231.0.0/16")  # one /24 of it per network
@@ -195,29 +195,32 @@ class NetnsCluster(rc.Cluster):
 
 
 def start_netns_cluster(
-    data_dir: Path, network: Network, overrides: dict[str, dict[str, int]] | None = None
+    data_dir: Path,
+    network: Network,
+    overrides: dict[str, dict[str, int]] | None = None,
+    controllers: int = 1,
 ) -> NetnsCluster:
-    """1 controller and 3 brokers (``fault_cluster``'s ids and settings), each in its own
-    namespace of ``network``, healthy."""
-    spec = ClusterSpec(1, len(rc.BROKERS), data_dir.absolute(), free_base_port(4))
+    """``controllers`` controllers (ids 1..) and 3 brokers (``fault_cluster``'s ids and
+    settings), each in its own namespace of ``network``, healthy."""
+    nodes = controllers + len(rc.BROKERS)
+    spec = ClusterSpec(controllers, len(rc.BROKERS), data_dir.absolute(), free_base_port(nodes))
     spec.save()
     spec.write_node_configs()
     chosen = rc.settings(overrides or {})
-    controller = spec.node(1)
     for node in spec.nodes():
         path = spec.config_path(node.node_id)
-        text = path.read_text()
-        own = network.address(node.node_id)
-        lines = [
-            line.replace("127.0.0.1", own) if line.startswith("listeners = ") else line
-            for line in text.splitlines()
-        ]
-        text = "\n".join(lines) + "\n"
-        text = text.replace(
-            f"1@127.0.0.1:{controller.ports[Port.CONTROLLER]}",
-            f"1@{network.address(1)}:{controller.ports[Port.CONTROLLER]}",
-        )
-        path.write_text(text + rc._settings_toml(chosen))
+        lines = []
+        for line in path.read_text().splitlines():
+            if line.startswith("listeners = "):
+                line = line.replace("127.0.0.1", network.address(node.node_id))
+            elif line.startswith("controller_quorum_voters = "):
+                line = re.sub(
+                    r"(\d+)@127\.0\.0\.1:",
+                    lambda m: f"{m.group(1)}@{network.address(int(m.group(1)))}:",
+                    line,
+                )
+            lines.append(line)
+        path.write_text("\n".join(lines) + "\n" + rc._settings_toml(chosen))
     cluster = NetnsCluster(spec, chosen, network=network)
     try:
         for node in spec.nodes():
@@ -238,16 +241,16 @@ def start_netns_cluster(
 
 @contextlib.contextmanager
 def running(
-    data_dir: Path, overrides: dict[str, dict[str, int]] | None = None
+    data_dir: Path, overrides: dict[str, dict[str, int]] | None = None, controllers: int = 1
 ) -> Iterator[NetnsCluster]:
     """A healthy cluster on a network of its own (``start_netns_cluster``); on the way out
     the processes are killed (``fault_cluster.finish``, which prints what a failure needs)
     and the network deleted. The caller checks ``available`` first."""
     remove_stale()
-    network = Network((1, *rc.BROKERS))
+    network = Network((*range(1, controllers + 1), *rc.BROKERS))
     try:
         network.up()
-        cluster = start_netns_cluster(data_dir, network, overrides)
+        cluster = start_netns_cluster(data_dir, network, overrides, controllers)
         try:
             yield cluster
         finally:

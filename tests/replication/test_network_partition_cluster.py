@@ -37,6 +37,16 @@ def cluster(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
         yield started
 
 
+@pytest.fixture
+def quorum(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
+    """As ``cluster``, with three controllers (ids 1-3)."""
+    why = nc.available()
+    if why is not None:
+        pytest.skip(why)
+    with nc.running(tmp_path / "cluster", controllers=3) as started:
+        yield started
+
+
 def network(c: nc.NetnsCluster) -> nc.Network:
     assert c.network is not None
     return c.network
@@ -187,3 +197,73 @@ def test_brokers_cut_off_from_the_controller_lose_nothing_when_it_comes_back(
         c.note(f"records at leader epoch {latest_epoch(c)}")
         c.wait_full_isr(TOPIC, 60)
     finish_load(c, load, tail, [], [fresh])
+
+
+CONTROLLERS = (1, 2, 3)
+
+
+def active_controller(c: nc.NetnsCluster, among: Sequence[int]) -> tuple[int, int] | None:
+    """(id, epoch) of the controller of ``among`` that leads the metadata quorum at the
+    highest epoch, as their metrics say; None if none does."""
+    leaders = []
+    for node in among:
+        try:
+            state = c.raft_state(node, timeout_s=2.0)
+        except OSError:
+            continue
+        if state["role"] == "leader":
+            leaders.append((int(float(state["raft_epoch"])), node))
+    return None if not leaders else (max(leaders)[1], max(leaders)[0])
+
+
+@pytest.mark.slow
+def test_the_active_controller_cut_off_is_replaced_and_follows_when_healed(
+    quorum: nc.NetnsCluster,
+) -> None:
+    """Three controllers. The active one is cut off from the other two and from every
+    broker: it must stop leading (it hears from no majority) and the other two elect one of
+    themselves, which the brokers find and which serves a new topic meanwhile. Healed, the
+    old one follows the new epoch and its metadata image comes to equal the others'; the
+    producer's acknowledged records are all there."""
+    c = quorum
+    c.create_topic(TOPIC, 1)
+    old = rc.wait_for("an active controller", lambda: active_controller(c, CONTROLLERS), 30)
+    others = [n for n in CONTROLLERS if n != old[0]]
+    load = rc.Continuous(c.bootstrap, TOPIC, 1, "cut-active", rc.ONCE)
+    with rc.Tail(c, TOPIC, 1) as tail, load:
+        rc.wait_acks(c, load, 0, 0, 100, "acks before the cut")
+        network(c).isolate(old[0], [*others, *rc.BROKERS])
+        cut_at = time.monotonic()
+        c.note(f"cut the active controller {old} (id, epoch) off from {others} and the brokers")
+        new = rc.wait_for(
+            f"a controller other than {old[0]} active at an epoch above {old[1]}",
+            lambda: (found := active_controller(c, others)) and found[1] > old[1] and found,
+            30,
+        )
+        c.note(f"active now: {new} (id, epoch)")
+        rc.wait_for(
+            f"controller {old[0]} to stop leading",
+            lambda: True if c.raft_state(old[0])["role"] != "leader" else None,
+            30,
+        )
+        c.create_topic("made-during-the-cut", 1)  # through a broker, to the new controller
+        rc.wait_acks(c, load, cut_at, 0, 50, "acks while cut")
+        network(c).heal_all()
+        c.note("healed")
+
+        def caught_up() -> bool | None:
+            states = {n: c.raft_state(n) for n in CONTROLLERS}
+            ours, theirs = states[old[0]], states[new[0]]
+            same = (ours["image_offset"], ours["image_digest"]) == (
+                theirs["image_offset"], theirs["image_digest"],
+            )  # fmt: skip
+            following = (
+                ours["role"] == "follower" and ours["raft_leader_id"] == theirs["raft_leader_id"]
+            )
+            known = "?" not in (ours["image_offset"], ours["image_digest"])
+            return True if following and same and known else None
+
+        rc.wait_for(f"controller {old[0]} to follow {new[0]} with the same image", caught_up, 30)
+        c.note(f"controller {old[0]} after the heal: {c.metadata_state(old[0])}")
+        rc.wait_acks(c, load, time.monotonic(), 0, 50, "acks after the heal")
+    finish_load(c, load, tail, [])
