@@ -2,15 +2,16 @@
 own, joined to the others and to the test process by a bridge, so that a test can cut the
 network between two nodes while both keep running and the test's clients reach both.
 
-How this works. ``Network`` makes, for nodes ``n0 .. nk``: a bridge ``rnb<pid>`` in the test
+How this works. ``Network`` makes, for nodes ``n0 .. nk``: a bridge ``rnb<tag>`` in the test
 process's namespace holding the subnet's first address (the clients' side); per node a
-namespace ``runnel-<pid>-<node>`` with one end of a veth pair (``rnv<pid><i>`` on the
-bridge) holding the node's address. ``cut(a, b)`` adds a blackhole route to each in the
-other's namespace: nothing passes between the two (a connection attempt fails at once, a
-connection open before sees its packets vanish), while both still reach everyone else and
-the test process. ``heal`` removes the routes. ``close`` deletes the namespaces (which takes
-their veth pairs) and the bridge; ``remove_stale`` deletes what a test process that died
-left (its pid is in the names).
+namespace ``runnel-<tag>-<node>`` with one end of a veth pair (``rnv<tag><i>`` on the
+bridge) holding the node's address. The tag is ``<pid>x<n>``, n counting the networks this
+process made: the kernel may still be tearing down a network the last test deleted.
+``cut(a, b)`` adds a blackhole route to each in the other's namespace: nothing passes between
+the two (a connection attempt fails at once, a connection open before sees its packets
+vanish), while both still reach everyone else and the test process. ``heal`` removes the
+routes. ``close`` deletes the veth pairs, the namespaces and the bridge; ``remove_stale``
+deletes what a test process that died left (its pid is in the names).
 
 ``start_netns_cluster`` is ``fault_cluster.start_cluster`` on such a network: the same
 ``ClusterSpec`` files with each node's addresses moved to its namespace's, each node started
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import re
 import subprocess
@@ -73,14 +75,16 @@ def available() -> str | None:
 
 
 def remove_stale() -> None:
-    """Delete the namespaces and bridges of test processes that are gone."""
+    """Delete the namespaces, veth pairs and bridges of test processes that are gone."""
     for name in ip("netns", "list").split():
-        found = re.fullmatch(r"runnel-(\d+)-\d+", name)
+        found = re.fullmatch(r"runnel-(\d+)x\d+-\d+", name)
         if found and not process_alive(int(found.group(1))):
             ip("netns", "delete", name)
-    for found in re.finditer(r"^\d+: (rnb(\d+)):", ip("-o", "link", "show"), re.MULTILINE):
+    links = ip("-o", "link", "show")
+    for found in re.finditer(r"^\d+: (rn[vb](\d+)x\d+)[:@]", links, re.MULTILINE):
         if not process_alive(int(found.group(2))):
-            ip("link", "delete", found.group(1))
+            with contextlib.suppress(RuntimeError):  # a veth pair may go with its namespace
+                ip("link", "delete", found.group(1))
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -96,13 +100,21 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError(f"no free /24 in {SUBNETS}")
 
 
+_networks = itertools.count()
+
+
+def _new_tag() -> str:
+    return f"{os.getpid()}x{next(_networks) % 1000}"  # at most 11 characters
+
+
 @dataclass
 class Network:
     nodes: Sequence[int]
-    tag: str = field(default_factory=lambda: str(os.getpid()))
+    tag: str = field(default_factory=_new_tag)
     subnet: ipaddress.IPv4Network = field(default_factory=_free_subnet)
     cuts: set[tuple[int, int]] = field(default_factory=set)
     _made: list[str] = field(default_factory=list)  # namespaces made so far
+    _veths: list[str] = field(default_factory=list)  # their pairs' outer ends
 
     @property
     def bridge(self) -> str:
@@ -124,6 +136,7 @@ class Network:
             ip("netns", "add", ns)
             self._made.append(ns)
             ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._veths.append(outside)
             ip("link", "set", outside, "master", self.bridge)
             ip("link", "set", outside, "up")
             ip("addr", "add", f"{self.address(node)}/{self.subnet.prefixlen}", "dev", "eth0",
@@ -166,6 +179,11 @@ class Network:
         """Delete everything made (what fails to go is said, not raised: the next
         ``remove_stale`` tries again)."""
         problems = []
+        for veth in self._veths:  # at once: a namespace's own teardown may lag
+            try:
+                ip("link", "delete", veth)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                problems.append(str(e))
         for ns in self._made:
             try:
                 ip("netns", "delete", ns)
