@@ -85,6 +85,7 @@ __all__ = [
     "finish",
     "error_name",
     "replication_cluster",
+    "running",
     "start_cluster",
     "stop_cluster",
     "wait_acks",
@@ -1087,13 +1088,8 @@ def check_outcome(
     if tail is not None:
         problems += tail.problems(final)
     said = "\n".join(f"producer {i}: {r.summary()}" for i, r in enumerate(reports))
-    client = []
-    for i, report in enumerate(reports):
-        if report.client_errors:
-            path = c.spec.data_dir / f"producer-{i}-failed-message-sets.log"
-            path.write_text("".join(f"{line}\n" for line in report.client_errors))
-            client.append(f"producer {i}: {len(report.client_errors)} in {path}")
     epochs = {b: [c.epochs(b, topic, p) for p in range(partitions)] for b in BROKERS}
+    client = _save_client_errors(c, reports) if disagreements or problems else []
     assert not disagreements and not problems, (
         "replicas disagree:\n  " + "\n  ".join(disagreements) + "\nlog problems:\n  "
         + "\n  ".join(problems) + f"\n{said}\nhigh watermarks {hws}; epochs by replica "
@@ -1104,6 +1100,18 @@ def check_outcome(
         kept = list(retried.items())[:10]
         c.note(f"resent (a leader change, or a broker handle dropped), first copy kept: {kept}")
     return final
+
+
+def _save_client_errors(c: Cluster, reports: list[Any]) -> list[str]:
+    """Write each producer's lines on failed message sets beside the cluster's files (they
+    can be thousands); say where."""
+    saved = []
+    for i, report in enumerate(reports):
+        if report.client_errors:
+            path = c.spec.data_dir / f"producer-{i}-failed-message-sets.log"
+            path.write_text("".join(f"{line}\n" for line in report.client_errors))
+            saved.append(f"producer {i}: {len(report.client_errors)} in {path}")
+    return saved
 
 
 def produce_one(c: Cluster, topic: str, value: str) -> tuple[int | None, int]:
@@ -1244,7 +1252,16 @@ def replication_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     (pytest shows them when the test failed)."""
     overrides = getattr(request.function, "cluster_settings", None)
     controllers = getattr(request.function, "cluster_controllers", 1)
-    cluster = start_cluster(tmp_path / "cluster", overrides, controllers=controllers)
+    with running(tmp_path / "cluster", overrides, controllers) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def running(
+    data_dir: Path, overrides: dict[str, dict[str, int]] | None = None, controllers: int = 1
+) -> Iterator[Cluster]:
+    """A healthy cluster (``start_cluster``), finished (``finish``) on the way out."""
+    cluster = start_cluster(data_dir, overrides, controllers=controllers)
     try:
         yield cluster
     finally:

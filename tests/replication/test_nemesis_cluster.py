@@ -50,15 +50,9 @@ SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,3").split(",")]
 def nemesis_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """Nodes on a network of their own where this machine can make one (the network faults
     need it), else on 127.0.0.1 (``fault_cluster.replication_cluster``)."""
-    if nc.available() is None:
-        with nc.running(tmp_path / "cluster") as netns:
-            yield netns
-        return
-    cluster = rc.start_cluster(tmp_path / "cluster")
-    try:
+    running = nc.running if nc.available() is None else rc.running
+    with running(tmp_path / "cluster") as cluster:
         yield cluster
-    finally:
-        rc.finish(cluster)
 
 
 class Faults:

@@ -28,23 +28,23 @@ CONTROLLER = 1
 TOPIC = "cut"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
+def _networked(tmp_path: Path, controllers: int) -> Iterator[nc.NetnsCluster]:
     why = nc.available()
     if why is not None:
         pytest.skip(why)
-    with nc.running(tmp_path / "cluster") as started:
+    with nc.running(tmp_path / "cluster", controllers=controllers) as started:
         yield started
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
+    yield from _networked(tmp_path, 1)
 
 
 @pytest.fixture
 def quorum(tmp_path: Path) -> Iterator[nc.NetnsCluster]:
     """As ``cluster``, with three controllers (ids 1-3)."""
-    why = nc.available()
-    if why is not None:
-        pytest.skip(why)
-    with nc.running(tmp_path / "cluster", controllers=3) as started:
-        yield started
+    yield from _networked(tmp_path, 3)
 
 
 def network(c: nc.NetnsCluster) -> nc.Network:
