@@ -30,6 +30,8 @@ from replication.partition import Partition
 __all__ = [
     "Handler",
     "Reply",
+    "broker_endpoint",
+    "current_leader",
     "error_code_of",
     "lookup_partition",
     "then",
@@ -86,6 +88,34 @@ def lookup_partition(
     if found is None or index not in found.partitions:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     return ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def current_leader(image: MetadataImage, topic: str, index: int) -> dict[str, int] | None:
+    """The partition's leader and leader epoch as ``image`` has them (leader -1: none), for
+    an answer that says NOT_LEADER_OR_FOLLOWER (Fetch v12's and Produce v10's
+    ``current_leader``, KIP-951); None if the image does not have the partition."""
+    found = image.topic_by_name(topic)
+    state = found.partitions.get(index) if found is not None else None
+    if state is None:
+        return None
+    return {"leader_id": state.leader, "leader_epoch": state.leader_epoch}
+
+
+def broker_endpoint(image: MetadataImage, broker_id: int, listener: str) -> dict[str, Any] | None:
+    """A broker as Metadata lists it (id, host and port on ``listener``, rack); None if it is
+    not registered, fenced (Metadata leaves those out) or has no such listener."""
+    registration = image.brokers.get(broker_id)
+    if registration is None or registration.fenced:
+        return None
+    endpoint = next((e for e in registration.listeners if e.name == listener), None)
+    if endpoint is None:
+        return None
+    return {
+        "node_id": broker_id,
+        "host": endpoint.host,
+        "port": endpoint.port,
+        "rack": registration.rack,
+    }
 
 
 def error_code_of(error: Exception) -> int:

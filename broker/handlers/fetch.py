@@ -52,7 +52,14 @@ from broker.fetch_session import (
     PartitionKey,
     SessionRequest,
 )
-from broker.handlers.common import Reply, Response, error_code_of, lookup_partition, then
+from broker.handlers.common import (
+    Reply,
+    Response,
+    current_leader,
+    error_code_of,
+    lookup_partition,
+    then,
+)
 from broker.protocol import ErrorCode, RequestHeader
 from broker.purgatory import WakeReason
 from controller.image import MetadataImage
@@ -177,10 +184,9 @@ def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
         "records": b"",
     }
     if code == ErrorCode.NOT_LEADER_OR_FOLLOWER or code == ErrorCode.FENCED_LEADER_EPOCH:
-        topic = image.topic_by_name(w.key[0])
-        state = topic.partitions.get(w.key[1]) if topic is not None else None
-        if state is not None:
-            out["current_leader"] = {"leader_id": state.leader, "leader_epoch": state.leader_epoch}
+        leader = current_leader(image, *w.key)
+        if leader is not None:
+            out["current_leader"] = leader
     return out
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.context import BrokerContext
-from broker.handlers.common import Reply, topic_uuid
+from broker.handlers.common import Reply, broker_endpoint, topic_uuid
 from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import NO_LEADER, MetadataImage, PartitionState
@@ -63,23 +63,9 @@ def api_versions(context: BrokerContext, header: RequestHeader, request: Any) ->
 
 
 def _brokers(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
-    out = []
     name = context.settings.listener_name
-    for broker_id in sorted(image.brokers):
-        registration = image.brokers[broker_id]
-        if registration.fenced:
-            continue
-        endpoint = next((e for e in registration.listeners if e.name == name), None)
-        if endpoint is not None:
-            out.append(
-                {
-                    "node_id": broker_id,
-                    "host": endpoint.host,
-                    "port": endpoint.port,
-                    "rack": registration.rack,
-                }
-            )
-    return out
+    listed = (broker_endpoint(image, broker_id, name) for broker_id in sorted(image.brokers))
+    return [broker for broker in listed if broker is not None]
 
 
 def _partition(p: PartitionState, alive: set[int]) -> dict[str, Any]:

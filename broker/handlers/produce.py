@@ -13,6 +13,10 @@ passes every partition's batch (the ISR has it: ``Partition.await_commit``); a p
 wait fails answers its error (NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER), and
 one still waiting after the request's ``timeout_ms`` (at most ``MAX_ACKS_TIMEOUT_MS``)
 answers REQUEST_TIMED_OUT: the records may still be committed later, as in Kafka.
+From Produce v10 (KIP-951) a partition answered NOT_LEADER_OR_FOLLOWER names the leader and
+leader epoch of the broker's latest image (``current_leader``), and the answer lists those
+leaders' addresses on the listener as Metadata would (``node_endpoints``), so that a client
+can move to the new leader without asking for metadata first (Kafka's handleProduceRequest).
 
 InitProducerId hands out a producer id (from blocks the controller allocates) at epoch 0.
 Transactions are not supported: a transactional id is refused with
@@ -29,7 +33,13 @@ import struct
 from typing import Any, NamedTuple
 
 from broker.context import BrokerContext
-from broker.handlers.common import Reply, error_code_of, lookup_partition
+from broker.handlers.common import (
+    Reply,
+    broker_endpoint,
+    current_leader,
+    error_code_of,
+    lookup_partition,
+)
 from broker.producer_ids import ProducerIdBlockError
 from broker.protocol import ErrorCode, RequestHeader
 from broker.server import CloseConnection
@@ -54,6 +64,7 @@ MAX_ACKS_TIMEOUT_MS = 300_000  # the longest an acks=-1 produce waits, whatever 
 _TIMED_OUT = "the in-sync replicas did not all have the records within the request's timeout"
 INVALID_RECORD_FROM = 8  # the first Produce version that knows INVALID_RECORD
 ZSTD_FROM = 7  # the first Produce version that may carry zstd batches (KIP-110)
+LEADER_HINTS_FROM = 10  # the first Produce version that names the current leader (KIP-951)
 _NO_TRANSACTIONS = "transactions unsupported: the request holds a transactional batch"
 _INT32 = struct.Struct(">i")
 _LENGTH_AT = 8  # a batch's int32 batch_length (storage.batch has the layout)
@@ -155,8 +166,26 @@ def produce(context: BrokerContext, header: RequestHeader, request: Any) -> Repl
     body = {"responses": responses, "throttle_time_ms": 0}
     if waiting:
         timeout_ms = min(max(request.timeout_ms, 0), MAX_ACKS_TIMEOUT_MS)
-        return _committed(body, waiting, timeout_ms, version)
+        return _committed(context, body, waiting, timeout_ms, version, failures)
+    if failures and version >= LEADER_HINTS_FROM:
+        _add_leader_hints(body, image, context.settings.listener_name)
     return body
+
+
+def _add_leader_hints(body: dict[str, Any], image: MetadataImage, listener: str) -> None:
+    """KIP-951: each partition answered NOT_LEADER_OR_FOLLOWER gets ``current_leader`` from
+    ``image``, and ``node_endpoints`` lists those leaders that Metadata would list."""
+    leaders: set[int] = set()
+    for topic in body["responses"]:
+        for result in topic["partition_responses"]:
+            if result["error_code"] != ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                continue
+            leader = current_leader(image, topic["name"], result["index"])
+            if leader is not None:
+                result["current_leader"] = leader
+                leaders.add(leader["leader_id"])
+    endpoints = (broker_endpoint(image, b, listener) for b in sorted(leaders) if b >= 0)
+    body["node_endpoints"] = [e for e in endpoints if e is not None]
 
 
 def _invalid_acks(
@@ -263,9 +292,15 @@ _UNKNOWN = _Unknown()
 
 
 async def _committed(
-    body: dict[str, Any], waiting: list[_Waiting], timeout_ms: int, version: int
+    context: BrokerContext,
+    body: dict[str, Any],
+    waiting: list[_Waiting],
+    timeout_ms: int,
+    version: int,
+    failures: int,
 ) -> dict[str, Any]:
-    """``body`` once every waiting append is committed, failed or timed out."""
+    """``body`` once every waiting append is committed, failed or timed out (``failures``:
+    the partitions that failed before the wait)."""
     loop = asyncio.get_running_loop()
     commits = _Commits(len(waiting), loop)
     forget = [
@@ -290,6 +325,9 @@ async def _committed(
             continue
         result.clear()
         result.update(failure)
+        failures += 1
+    if failures and version >= LEADER_HINTS_FROM:
+        _add_leader_hints(body, context.image(), context.settings.listener_name)
     return body
 
 

@@ -18,6 +18,7 @@ from broker.protocol.schema import (
     RECORDS,
     STRING,
     ApiSpec,
+    Struct,
     array,
     field,
     struct,
@@ -26,11 +27,20 @@ from broker.protocol.schema import (
 __all__ = ["FETCH", "LIST_OFFSETS", "OFFSET_FOR_LEADER_EPOCH", "PRODUCE"]
 
 
+def _leader_id_and_epoch(versions: str) -> Struct:
+    """A partition's current leader as an answer names it (-1: unknown)."""
+    return struct(
+        "LeaderIdAndEpoch",
+        field("leader_id", INT32, versions, default=-1),
+        field("leader_epoch", INT32, versions, default=-1),
+    )
+
+
 PRODUCE = ApiSpec(
     ApiKey.PRODUCE,
     "Produce",
     min_version=3,
-    max_version=9,
+    max_version=10,  # v10 (KIP-951): the answer may name a partition's current leader
     flexible_from=9,
     request=struct(
         "ProduceRequest",
@@ -93,6 +103,7 @@ PRODUCE = ApiSpec(
                                     "8+",
                                 ),
                                 field("error_message", STRING, "8+", nullable="8+", default=None),
+                                field("current_leader", _leader_id_and_epoch("10+"), "10+", tag=0),
                             )
                         ),
                     ),
@@ -100,6 +111,20 @@ PRODUCE = ApiSpec(
             ),
         ),
         field("throttle_time_ms", INT32, "1+"),
+        field(
+            "node_endpoints",
+            array(
+                struct(
+                    "NodeEndpoint",
+                    field("node_id", INT32, "10+"),
+                    field("host", STRING, "10+"),
+                    field("port", INT32, "10+"),
+                    field("rack", STRING, "10+", nullable="10+", default=None),
+                )
+            ),
+            "10+",
+            tag=0,
+        ),
     ),
 )
 
@@ -108,11 +133,7 @@ _EPOCH_END_OFFSET = struct(
     field("epoch", INT32, "12+", default=-1),
     field("end_offset", INT64, "12+", default=-1),
 )
-_LEADER_ID_AND_EPOCH = struct(
-    "LeaderIdAndEpoch",
-    field("leader_id", INT32, "12+", default=-1),
-    field("leader_epoch", INT32, "12+", default=-1),
-)
+_LEADER_ID_AND_EPOCH = _leader_id_and_epoch("12+")
 _SNAPSHOT_ID = struct(
     "SnapshotId",
     field("end_offset", INT64, default=-1),

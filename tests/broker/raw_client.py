@@ -176,6 +176,19 @@ class RawClient:
         acks: int = -1,
     ) -> dict[int, Any]:
         """Each partition's answer, by index."""
+        (response,) = self.produce_answer(topic, partitions, version=version, acks=acks).responses
+        assert response.name == topic
+        return {p.index: p for p in response.partition_responses}
+
+    def produce_answer(
+        self,
+        topic: str,
+        partitions: dict[int, bytes | None],
+        *,
+        version: int = 9,
+        acks: int = -1,
+    ) -> Any:
+        """The whole Produce answer."""
         body = {
             "transactional_id": None,
             "acks": acks,
@@ -187,10 +200,7 @@ class RawClient:
                 }
             ],
         }
-        answer = self.request(ApiKey.PRODUCE, version, body)
-        (response,) = answer.responses
-        assert response.name == topic
-        return {p.index: p for p in response.partition_responses}
+        return self.request(ApiKey.PRODUCE, version, body)
 
     def list_offset(
         self, topic: str, partition: int, *, timestamp: int = -1, leader_epoch: int = -1

@@ -2,12 +2,13 @@
 and Fetch's waiting and size rules.
 
 The story: a client asks a broker about a partition. If the broker does not lead it, the
-answer is NOT_LEADER_OR_FOLLOWER and, where the protocol has room (Fetch v12's tagged
-``current_leader``), who does; if the client's leader epoch is older than the partition's it
-is FENCED_LEADER_EPOCH, if newer UNKNOWN_LEADER_EPOCH (KIP-320); if the topic or partition
-does not exist, UNKNOWN_TOPIC_OR_PARTITION. A fetch at the log end long-polls until another
-connection produces or ``max_wait_ms`` passes, and a fetch's byte limits hold except that the
-first batch of the first partition with data is always whole (KIP-74).
+answer is NOT_LEADER_OR_FOLLOWER and, where the protocol has room (Fetch v12's and Produce
+v10's tagged ``current_leader``, with Produce's ``node_endpoints``), who does; if the
+client's leader epoch is older than the partition's it is FENCED_LEADER_EPOCH, if newer
+UNKNOWN_LEADER_EPOCH (KIP-320); if the topic or partition does not exist,
+UNKNOWN_TOPIC_OR_PARTITION. A fetch at the log end long-polls until another connection
+produces or ``max_wait_ms`` passes, and a fetch's byte limits hold except that the first batch
+of the first partition with data is always whole (KIP-74).
 
 The cluster (the ``kafka`` fixture, kafka_cluster.py) has brokers 101 and 102; topics with
 one replica put their partitions on the two in turn. A leader epoch only moves when
@@ -19,6 +20,7 @@ is that its brokers stay up for every test of the session.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -152,15 +154,25 @@ def test_a_produce_to_a_partition_led_elsewhere_is_not_leader_or_follower(
         c.create_topic(double, 4, 2)  # a follower replica on the other broker
     for topic in (single, double):
         leaders = cluster.leaders(topic)
-        for partition, (leader, _) in leaders.items():
+        for partition, (leader, epoch) in leaders.items():
             with cluster.client(_other(leader)) as wrong:
-                for version in (3, 9):
+                for version in (3, 9, 10):
                     answer = wrong.produce(topic, {partition: _batch("x")}, version=version)
                     assert answer[partition].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
                     assert answer[partition].base_offset == -1
                 # Metadata from the same broker names the leader the client should ask.
-                (t,) = wrong.metadata([topic]).topics
+                metadata = wrong.metadata([topic])
+                (t,) = metadata.topics
                 assert {p.partition_index: p.leader_id for p in t.partitions}[partition] == leader
+                # From Produce v10 the refusal itself says so, with the address (KIP-951).
+                hinted = wrong.produce_answer(topic, {partition: _batch("x")}, version=10)
+                (p,) = hinted.responses[0].partition_responses
+                named = (p.current_leader.leader_id, p.current_leader.leader_epoch)
+                assert named == (leader, epoch)
+                (address,) = [(b.host, b.port) for b in metadata.brokers if b.node_id == leader]
+                assert [(e.node_id, e.host, e.port) for e in hinted.node_endpoints] == [
+                    (leader, *address)
+                ]
             with cluster.client(leader) as right:
                 answer = right.produce(topic, {partition: _batch("y")})[partition]
                 assert (answer.error_code, answer.base_offset) == (ErrorCode.NONE, 0)
@@ -329,6 +341,83 @@ def test_an_older_client_leader_epoch_is_fenced_once_leadership_moved(
         assert answer.error_code == ErrorCode.NONE
         p = _fetch_one(c, topic, moved, leader_epoch=epoch)
         assert _values(p.records) == [b"new-epoch"]
+
+
+def test_librdkafka_moves_a_partition_on_the_leader_named_in_a_produce_answer(
+    own_cluster: SharedCluster,
+) -> None:
+    """A real client reads Produce v10's hint (KIP-951): a preferred election moves a
+    partition back to 101 while 102 stays up; confluent-kafka's next produce to 102 is
+    refused with 101 named, and librdkafka moves the partition from that answer (its debug
+    log says "updated with leader", which it writes for such a hint, not for a Metadata
+    answer: none with Produce v9), and every record is delivered."""
+    from confluent_kafka import Producer
+
+    cluster = own_cluster  # it restarts broker 101: not on the shared cluster
+    topic = unique_topic("hinted")
+    with cluster.client() as c:
+        c.create_topic(topic, 2, 2)
+    moved = next(p for p, (leader, _) in cluster.leaders(topic).items() if leader == 101)
+    _stop_and_restart(cluster, 101)
+    assert cluster.leaders(topic)[moved][0] == 102
+
+    def both_in_sync() -> bool | None:
+        with cluster.client(102) as c:
+            (t,) = c.metadata([topic]).topics
+        isr = {p.partition_index: sorted(p.isr_nodes) for p in t.partitions}
+        return True if isr[moved] == list(BROKERS) else None
+
+    wait_for("101 back in the ISR (a preferred election needs it there)", both_in_sync, 30)
+    lines: list[str] = []
+    log = logging.getLogger(f"librdkafka-{topic}")
+    log.addHandler(_Collect(lines))
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    bootstrap = ",".join(f"127.0.0.1:{cluster.ports[b]}" for b in BROKERS)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "debug": "metadata", "logger": log}
+    )
+    delivered: list[bytes] = []
+    failed: list[str] = []
+
+    def report(error: Any, message: Any) -> None:
+        if error is None:
+            delivered.append(message.value())
+        else:
+            failed.append(str(error))
+
+    def send(prefix: str) -> None:
+        for i in range(20):
+            producer.produce(topic, f"{prefix}-{i}".encode(), partition=moved, on_delivery=report)
+            producer.poll(0)
+        assert producer.flush(30) == 0, "records still queued after 30 s"
+
+    send("to-102")
+    cluster.cluster.ok("topics", "elect", topic, "--partition", str(moved))
+    leader, epoch = wait_for(
+        "the preferred election", lambda: _led_by(cluster, topic, moved, 101), 30
+    )
+    send("to-101")
+    assert failed == []
+    assert sorted(delivered) == sorted(
+        f"{prefix}-{i}".encode() for prefix in ("to-102", "to-101") for i in range(20)
+    )
+    hint = f"updated with leader {leader} and epoch {epoch}"
+    assert any(hint in line for line in lines), f"librdkafka never logged {hint!r}"
+
+
+class _Collect(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _led_by(cluster: SharedCluster, topic: str, partition: int, broker: int) -> Any:
+    leader, epoch = cluster.leaders(topic)[partition]
+    return (leader, epoch) if leader == broker else None
 
 
 # -- fetch: long polls and limits ---------------------------------------------------------------
