@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["REPO", "git_state", "verdict", "work_dir"]
+__all__ = ["REPO", "git_state", "ratio_text", "verdict", "work_dir"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,3 +41,9 @@ def git_state(*paths: str) -> tuple[str | None, bool]:
 
 def verdict(met: bool) -> str:
     return "met" if met else "MISSED"
+
+
+def ratio_text(ratio: float) -> str:
+    """A ratio beside its target: three decimals, so one just below the target does not
+    print as the target (0.4966 as "0.50", then MISSED)."""
+    return f"{ratio:.3f}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from bench.common import verdict
+from bench.common import ratio_text, verdict
 from bench.produce_consume_replication_figures import (
     TARGET_CATCH_UP_MB_PER_S,
     TARGET_RF3_ACKS_ALL_RECORDS_PER_S,
@@ -126,7 +126,7 @@ def _print_targets(rep: Replication) -> None:
         (
             "RF 3 acks=all / RF 1, same round",
             f">= {TARGET_RF3_RATIO_TO_RF1}",
-            f"{rep.ratio:.2f}",
+            ratio_text(rep.ratio),
             "rf3_ratio_to_rf1",
         ),
         (

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from bench.common import git_state, verdict
+from bench.common import git_state, ratio_text, verdict
 from bench.produce_consume_figures import (
     TARGET_CONSUME_RECORDS_PER_S,
     TARGET_E2E_P99_MS,
@@ -202,7 +202,8 @@ def _print_targets(params: Params, s: Summary, rounds: int) -> None:
     for name, target, value, key in rows:
         print(f"{name:<38} {f'>= {target:,}':>14} {value:>12,.0f}  {verdict(s.met[key])}")
     name, target_text = "produce / raw write, wire bytes/s", f">= {TARGET_PRODUCE_RATIO}"
-    print(f"{name:<38} {target_text:>14} {s.produce_ratio:>12.2f}  {verdict(s.met['ratio'])}")
+    ratio = ratio_text(s.produce_ratio)
+    print(f"{name:<38} {target_text:>14} {ratio:>12}  {verdict(s.met['ratio'])}")
     name, target_text = f"e2e p99 at {params.e2e_rate:,.0f} records/s", f"<= {TARGET_E2E_P99_MS} ms"
     value_text = f"{s.e2e_p99_ms:.2f} ms"
     print(f"{name:<38} {target_text:>14} {value_text:>12}  {verdict(s.met['e2e'])}")
