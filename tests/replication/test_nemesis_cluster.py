@@ -18,10 +18,15 @@ again. At the end, as in ``test_cluster_replication.py``: the replicas agree bat
 below the high watermark, every acknowledged record is in the log once at its offset, and
 the consumer saw nothing the log does not hold.
 
+The quorum variant runs the same with three controllers (ids 1-3): a controller is struck
+in 60 % of the steps, the active one half the time, and one cut off is cut from every other
+node, so the others elect one of themselves (check-quorum). It ends, besides, with the three
+controllers holding the same metadata image.
+
 Each failure names its seed; replay one with ``NEMESIS_SEEDS=7 python -m pytest
-tests/replication/test_nemesis_cluster.py`` (the faults are the same on any machine that
-can make network namespaces, and differ from those drawn where it cannot; the timing of real
-processes is not).
+tests/replication/test_nemesis_cluster.py`` (``NEMESIS_QUORUM_SEEDS`` for the quorum
+variant; the faults are the same on any machine that can make network namespaces, and
+differ from those drawn where it cannot; the timing of real processes is not).
 """
 
 from __future__ import annotations
@@ -44,22 +49,33 @@ CONTROLLER = 1
 FAULTS = ("kill", "pause", "terminate")
 NETWORK_FAULTS = ("isolate", "lose-controller", "split")  # with network namespaces only
 SEEDS = [int(s) for s in os.environ.get("NEMESIS_SEEDS", "1,3").split(",")]
+QUORUM_SEEDS = [int(s) for s in os.environ.get("NEMESIS_QUORUM_SEEDS", "4,6").split(",")]
+QUORUM = (1, 2, 3)
+
+
+def _running(tmp_path: Path, controllers: int) -> Iterator[Cluster]:
+    """Nodes on a network of their own where this machine can make one (the network faults
+    need it), else on 127.0.0.1 (``fault_cluster.replication_cluster``)."""
+    running = nc.running if nc.available() is None else rc.running
+    with running(tmp_path / "cluster", controllers=controllers) as cluster:
+        yield cluster
 
 
 @pytest.fixture
 def nemesis_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """Nodes on a network of their own where this machine can make one (the network faults
-    need it), else on 127.0.0.1 (``fault_cluster.replication_cluster``)."""
-    running = nc.running if nc.available() is None else rc.running
-    with running(tmp_path / "cluster") as cluster:
-        yield cluster
+    yield from _running(tmp_path, 1)
+
+
+@pytest.fixture
+def nemesis_quorum(tmp_path: Path) -> Iterator[Cluster]:
+    yield from _running(tmp_path, len(QUORUM))
 
 
 class Faults:
     """Strikes and heals; remembers which cuts each struck node made."""
 
-    def __init__(self, c: Cluster, rng: random.Random) -> None:
-        self.c, self.rng = c, rng
+    def __init__(self, c: Cluster, rng: random.Random, controllers: tuple[int, ...]) -> None:
+        self.c, self.rng, self.controllers = c, rng, controllers
         self.cuts: dict[int, list[tuple[int, int]]] = {}
 
     def strike(self, node: int, fault: str) -> None:
@@ -73,13 +89,12 @@ class Faults:
         else:
             network = self._network()
             others = [b for b in rc.BROKERS if b != node]
-            if fault == "isolate":  # the controller from every broker, a broker from all
-                pairs = network.isolate(
-                    node, others if node == CONTROLLER else [CONTROLLER, *others]
-                )
-            elif fault == "lose-controller":
-                pairs = network.isolate(node, [CONTROLLER])
-            else:  # split: from one other broker
+            controllers = [n for n in self.controllers if n != node]
+            if fault == "isolate":  # from every other node
+                pairs = network.isolate(node, [*controllers, *others])
+            elif fault == "lose-controller":  # a broker from every controller
+                pairs = network.isolate(node, controllers)
+            else:  # split: a broker from one other broker
                 pairs = network.isolate(node, [self.rng.choice(others)])
             self.cuts[node] = pairs
             c.note(f"cut {node} off from {[b for _, b in pairs]}")
@@ -117,17 +132,48 @@ def victims(c: Cluster, faults: Faults, rng: random.Random, topic: str) -> list[
     if rng.random() < 0.4:
         chosen.append(rng.choice([b for b in rc.BROKERS if b != first]))
     struck = [(b, rng.choice(faults.broker_faults())) for b in chosen]
-    if rng.random() < 0.25:
-        struck.append((CONTROLLER, rng.choice(faults.controller_faults())))
+    quorum = len(faults.controllers) > 1
+    if rng.random() < (0.6 if quorum else 0.25):
+        controller = faults.controllers[0]
+        if quorum:  # the active one half the time (drawn alike either way)
+            active, other = rng.random() < 0.5, rng.choice(faults.controllers)
+            controller = (c.active_controller() if active else None) or other
+        struck.append((controller, rng.choice(faults.controller_faults())))
     return struck
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_faults_lose_no_acknowledged_record(nemesis_cluster: Cluster, seed: int) -> None:
-    c, topic, rng = nemesis_cluster, "nemesis", random.Random(seed)
-    faults = Faults(c, rng)
-    c.note(f"seed {seed} (replay: NEMESIS_SEEDS={seed})")
+    run(nemesis_cluster, seed, (CONTROLLER,), "NEMESIS_SEEDS")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", QUORUM_SEEDS)
+def test_random_faults_with_a_controller_quorum(nemesis_quorum: Cluster, seed: int) -> None:
+    run(nemesis_quorum, seed, QUORUM, "NEMESIS_QUORUM_SEEDS")
+    rc.wait_for(
+        f"seed {seed}: the controllers to hold the same metadata image",
+        lambda: same_image(nemesis_quorum),
+        30,
+    )
+
+
+def same_image(c: Cluster) -> bool | None:
+    """True once every controller follows one leader and holds the same image (offset and
+    digest, from their metrics)."""
+    states = [c.raft_state(n) for n in QUORUM]
+    images = {(s["image_offset"], s["image_digest"]) for s in states}
+    leaders = {s["raft_leader_id"] for s in states}
+    known = all("?" not in image for image in images)
+    return True if len(images) == 1 and len(leaders) == 1 and known else None
+
+
+def run(c: Cluster, seed: int, controllers: tuple[int, ...], variable: str) -> None:
+    """The steps, then the checks of the module docstring; ``variable`` replays the seed."""
+    topic, rng = "nemesis", random.Random(seed)
+    faults = Faults(c, rng, controllers)
+    c.note(f"seed {seed} (replay: {variable}={seed})")
     c.create_topic(topic, PARTITIONS)
     load = rc.Continuous(c.bootstrap, topic, PARTITIONS, "nemesis", rc.ONCE)
     with rc.Tail(c, topic, PARTITIONS) as tail, load:
