@@ -101,11 +101,14 @@ def current_leader(image: MetadataImage, topic: str, index: int) -> dict[str, in
     return {"leader_id": state.leader, "leader_epoch": state.leader_epoch}
 
 
-def broker_endpoint(image: MetadataImage, broker_id: int, listener: str) -> dict[str, Any] | None:
+def broker_endpoint(
+    image: MetadataImage, broker_id: int, listener: str, *, fenced_too: bool = False
+) -> dict[str, Any] | None:
     """A broker as Metadata lists it (id, host and port on ``listener``, rack); None if it is
-    not registered, fenced (Metadata leaves those out) or has no such listener."""
+    not registered, fenced (Metadata leaves those out, unless ``fenced_too``) or has no such
+    listener."""
     registration = image.brokers.get(broker_id)
-    if registration is None or registration.fenced:
+    if registration is None or (registration.fenced and not fenced_too):
         return None
     endpoint = next((e for e in registration.listeners if e.name == listener), None)
     if endpoint is None:

@@ -7,7 +7,13 @@ so the client asks again; an unknown topic whose name is not legal is INVALID_TO
 and never created, and ``__cluster_metadata`` (the metadata log's name: legal, and no topic's)
 is UNKNOWN_TOPIC_OR_PARTITION and never created, as Kafka answers it (its controller refuses
 to create it). DescribeCluster is forwarded to the active controller. Brokers are listed with
-their address on the listener the request came in on; fenced brokers are left out. The
+their address on the listener the request came in on; fenced brokers are left out, except
+that an answer never lists no broker while this one is registered: when the image has every
+broker fenced (the controller lost them all, say behind a network partition, until their next
+heartbeats unfence them), this broker is listed alone, as it is evidently answering. Kafka
+lists none there, and librdkafka from 2.13 (2.16 here) then drops every broker and stops
+reconnecting for good (confluentinc/librdkafka#5301, open): the producers of the nemesis
+test stalled so. The
 controller id a client sees is this broker's own id: clients cannot reach KRaft controllers,
 and this broker forwards admin requests to the active one (as Kafka's brokers do). A topic
 asked for more than once (by name, by id, or both) is answered once, at its first place, and
@@ -63,9 +69,14 @@ def api_versions(context: BrokerContext, header: RequestHeader, request: Any) ->
 
 
 def _brokers(context: BrokerContext, image: MetadataImage) -> list[dict[str, Any]]:
+    """The unfenced brokers; if that leaves none, this broker alone (see the module doc)."""
     name = context.settings.listener_name
     listed = (broker_endpoint(image, broker_id, name) for broker_id in sorted(image.brokers))
-    return [broker for broker in listed if broker is not None]
+    unfenced = [broker for broker in listed if broker is not None]
+    if unfenced:
+        return unfenced
+    me = broker_endpoint(image, context.settings.broker_id, name, fenced_too=True)
+    return [me] if me is not None else []
 
 
 def _partition(p: PartitionState, alive: set[int]) -> dict[str, Any]:

@@ -199,6 +199,21 @@ def test_metadata_leaves_fenced_brokers_out_and_answers_racks(cluster: Harness) 
     ]
 
 
+def test_metadata_with_every_broker_fenced_lists_this_broker_alone(cluster: Harness) -> None:
+    """Never an answer with no broker: librdkafka 2.13-2.16 would drop every broker for good
+    (confluentinc/librdkafka#5301)."""
+    set_image(cluster, replayed(cluster.image, [rec.fence_broker(ME, 1)]))
+    brokers = _metadata(cluster, cluster.dispatcher, CONNECTION).brokers
+    assert [b.node_id for b in brokers] == [PEER]  # another is unfenced: this one left out
+    set_image(cluster, replayed(cluster.image, [rec.fence_broker(PEER, 1)]))
+    response = _metadata(cluster, cluster.dispatcher, CONNECTION)
+    assert [(b.node_id, b.host, b.port, b.rack) for b in response.brokers] == [
+        (ME, "127.0.0.1", 9092, "rack-a")
+    ]
+    (partition,) = response.topics[0].partitions
+    assert partition.offline_replicas == [ME, PEER, FENCED, UNREGISTERED]  # still fenced
+
+
 def test_metadata_lists_replicas_on_fenced_or_unregistered_brokers_as_offline(
     cluster: Harness,
 ) -> None:

@@ -177,9 +177,7 @@ def test_brokers_cut_off_from_the_controller_lose_nothing_when_it_comes_back(
         c.note("healed")
         # The brokers' views may still be those from before the cut: what shows that they
         # learned of the fencing and recovered is an acks=all write taken since by a leader
-        # elected since. A new producer writes it: the running one may have been answered
-        # a Metadata listing no broker (all were fenced for a moment), after which
-        # librdkafka drops every broker handle and may take long to bootstrap again.
+        # elected since (a new producer's, one record at a time, to see its epoch).
         fresh = rc.LoadReport()
 
         def written_at_a_new_epoch() -> bool | None:
@@ -196,6 +194,9 @@ def test_brokers_cut_off_from_the_controller_lose_nothing_when_it_comes_back(
         rc.wait_for(what, written_at_a_new_epoch, 60, 0.5)
         c.note(f"records at leader epoch {latest_epoch(c)}")
         c.wait_full_isr(TOPIC, 60)
+        # The running producer carries on too: no broker answered Metadata with no broker
+        # while all were fenced (librdkafka would have dropped every broker for good).
+        rc.wait_acks(c, load, time.monotonic(), 0, 50, "the running producer after the heal")
     finish_load(c, load, tail, [], [fresh])
 
 
