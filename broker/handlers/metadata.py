@@ -12,9 +12,8 @@ that an answer never lists no broker while this one is registered: when the imag
 broker fenced (the controller lost them all, say behind a network partition, until their next
 heartbeats unfence them), this broker is listed alone, as it is evidently answering. Kafka
 lists none there, and librdkafka from 2.13 (2.16 here) then drops every broker and stops
-reconnecting for good (confluentinc/librdkafka#5301, open): the producers of the nemesis
-test stalled so. The
-controller id a client sees is this broker's own id: clients cannot reach KRaft controllers,
+reconnecting for good (confluentinc/librdkafka#5301, open): very probably what stalled the
+nemesis test's producer (docs/compatibility.md). The controller id a client sees is this broker's own id: clients cannot reach KRaft controllers,
 and this broker forwards admin requests to the active one (as Kafka's brokers do). A topic
 asked for more than once (by name, by id, or both) is answered once, at its first place, and
 created at most once: Kafka's handleTopicMetadataRequest takes the names and the ids as sets,
