@@ -13,11 +13,12 @@ broker fenced (the controller lost them all, say behind a network partition, unt
 heartbeats unfence them), this broker is listed alone, as it is evidently answering. Kafka
 lists none there, and librdkafka from 2.13 (2.16 here) then drops every broker and stops
 reconnecting for good (confluentinc/librdkafka#5301, open): very probably what stalled the
-nemesis test's producer (docs/compatibility.md). The controller id a client sees is this broker's own id: clients cannot reach KRaft controllers,
-and this broker forwards admin requests to the active one (as Kafka's brokers do). A topic
-asked for more than once (by name, by id, or both) is answered once, at its first place, and
-created at most once: Kafka's handleTopicMetadataRequest takes the names and the ids as sets,
-so repeating a name in a request costs nothing.
+nemesis test's producer (docs/compatibility.md). The controller id a client sees is this
+broker's own id: clients cannot reach KRaft controllers, and this broker forwards admin
+requests to the active one (as Kafka's brokers do). A topic asked for more than once (by
+name, by id, or both) is answered once, at its first place, and created at most once:
+Kafka's handleTopicMetadataRequest takes the names and the ids as sets, so repeating a name
+in a request costs nothing.
 """
 
 from __future__ import annotations
