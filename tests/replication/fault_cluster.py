@@ -1138,9 +1138,21 @@ def produce_one(c: Cluster, topic: str, value: str) -> tuple[int | None, int]:
     return outcome[0]
 
 
-def wait_acks(c: Cluster, load: Any, since: float, partition: int, count: int, what: str) -> None:
+def wait_acks(
+    c: Cluster,
+    load: Any,
+    since: float,
+    partition: int,
+    count: int,
+    what: str,
+    *,
+    timeout_s: float = 30,
+) -> None:
+    def acked() -> bool | None:
+        return True if load.acked_since(since, partition) >= count else None
+
     try:
-        wait_for(what, lambda: True if load.acked_since(since, partition) >= count else None, 30)
+        wait_for(what, acked, timeout_s)
     except AssertionError as e:
         raise AssertionError(f"{e}; {load.report.summary()}\n{c.story()}") from None
     c.note(f"{what}: {load.report.summary()}")
