@@ -69,6 +69,7 @@ __all__ = [
     "OVERRIDES",
     "RETRIABLE",
     "SESSION_MS",
+    "ClientLines",
     "Cluster",
     "Continuous",
     "ONCE",
@@ -206,7 +207,8 @@ class LoadReport:
     produce_errors: Counter[str] = field(default_factory=Counter)  # produce() raised
     idempotent: bool = False
     # librdkafka's lines on each failed message set, with the action it took (a resend that
-    # counts no retry shows here and nowhere else), in order: ``Continuous``.
+    # counts no retry shows here and nowhere else), and on each Metadata answer listing no
+    # broker, in order: ``Continuous`` (``ClientLines``).
     client_errors: list[str] = field(default_factory=list)
 
     # A running producer's delivery reports add to ``acked`` and ``failed`` from its thread:
@@ -246,8 +248,8 @@ class Continuous:
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
-                "logger": _MessageSetErrors(self.report.client_errors),
-                "debug": "msg",
+                "logger": ClientLines(self.report.client_errors),
+                "debug": "msg,metadata",
                 "error_cb": _quiet,
                 **config,
             }
@@ -517,18 +519,22 @@ class QueuedProduce:
         return data
 
 
-class _MessageSetErrors:
+class ClientLines:
     """A librdkafka logger keeping only its lines on failed message sets ("MessageSet with
-    N message(s) ... encountered error: E (actions A)"), stamped, at most ``MAX`` of them."""
+    N message(s) ... encountered error: E (actions A)") and on Metadata answers that list no
+    broker ("0 brokers, N topics": librdkafka 2.13+ may then stop reconnecting for good,
+    docs/compatibility.md), stamped, at most ``MAX`` of them."""
 
     MAX = 20_000
+    _NO_BROKER = re.compile(r": 0 brokers, \d+ topics")
 
     def __init__(self, into: list[str]) -> None:
         self.into = into
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         line = fmt % args if args else fmt
-        if "encountered error" in line and len(self.into) < self.MAX:
+        kept = "encountered error" in line or self._NO_BROKER.search(line) is not None
+        if kept and len(self.into) < self.MAX:
             self.into.append(f"{time.strftime('%H:%M:%S')} {line}")
 
 
@@ -1103,12 +1109,12 @@ def check_outcome(
 
 
 def _save_client_errors(c: Cluster, reports: list[Any]) -> list[str]:
-    """Write each producer's lines on failed message sets beside the cluster's files (they
+    """Write each producer's kept lines (``ClientLines``) beside the cluster's files (they
     can be thousands); say where."""
     saved = []
     for i, report in enumerate(reports):
         if report.client_errors:
-            path = c.spec.data_dir / f"producer-{i}-failed-message-sets.log"
+            path = c.spec.data_dir / f"producer-{i}-client-lines.log"
             path.write_text("".join(f"{line}\n" for line in report.client_errors))
             saved.append(f"producer {i}: {len(report.client_errors)} in {path}")
     return saved
@@ -1154,7 +1160,10 @@ def wait_acks(
     try:
         wait_for(what, acked, timeout_s)
     except AssertionError as e:
-        raise AssertionError(f"{e}; {load.report.summary()}\n{c.story()}") from None
+        client = "; ".join(_save_client_errors(c, [load.report])) or "none"
+        raise AssertionError(
+            f"{e}; {load.report.summary()}\nthe client's kept lines: {client}\n{c.story()}"
+        ) from None
     c.note(f"{what}: {load.report.summary()}")
 
 

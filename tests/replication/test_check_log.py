@@ -81,3 +81,15 @@ def test_copies_out_of_epoch_order_are_a_problem() -> None:
 def test_the_producers_log_is_read_for_handle_drops_only() -> None:
     lines = [DESTROYED.format(n=3), NOT_LEADER, DESTROYED.format(n=2).replace("t [0]", "t [4]")]
     assert rc.handle_destroyed_resends(lines) == {0: 3, 4: 2}
+
+
+def test_the_producer_keeps_failed_message_sets_and_metadata_listing_no_broker() -> None:
+    """What a failing fault test writes beside the cluster: the lines ``check_log`` reads,
+    and those that would show librdkafka's stall after a Metadata answer with no broker."""
+    kept: list[str] = []
+    lines = rc.ClientLines(kept)
+    none = "METADATA [rdkafka#producer-1] [thrd:main]: 10.0.0.5:9092/103: 0 brokers, 1 topics"
+    some = "METADATA [rdkafka#producer-1] [thrd:main]: 10.0.0.5:9092/103: 3 brokers, 1 topics"
+    for line in (DESTROYED.format(n=2)[9:], none, some, "BROKER [rdkafka#producer-1] up"):
+        lines.log(7, "%s", line)
+    assert [k[9:] for k in kept] == [DESTROYED.format(n=2)[9:], none]
