@@ -161,8 +161,11 @@ def test_random_faults_with_a_controller_quorum(nemesis_quorum: Cluster, seed: i
 
 def same_image(c: Cluster) -> bool | None:
     """True once every controller follows one leader and holds the same image (offset and
-    digest, from their metrics)."""
-    states = [c.raft_state(n) for n in QUORUM]
+    digest, from their metrics); None until then, or while one's metrics do not answer."""
+    try:
+        states = [c.raft_state(n) for n in QUORUM]
+    except OSError:
+        return None
     images = {(s["image_offset"], s["image_digest"]) for s in states}
     leaders = {s["raft_leader_id"] for s in states}
     known = all("?" not in image for image in images)
