@@ -721,6 +721,18 @@ class Cluster:
         state["image_digest"] = labels.get("digest", "?")
         return state
 
+    def same_metadata_image(self, nodes: Iterable[int]) -> bool | None:
+        """True once ``nodes`` (controllers) follow one Raft leader and hold the same metadata
+        image (offset and digest); None until then, or while one's metrics do not answer."""
+        try:
+            states = [self.raft_state(n) for n in nodes]
+        except OSError:
+            return None
+        images = {(s["image_offset"], s["image_digest"]) for s in states}
+        leaders = {s["raft_leader_id"] for s in states}
+        known = all("?" not in image for image in images)
+        return True if len(images) == 1 and len(leaders) == 1 and known else None
+
     def metadata_state(self, node: int) -> str:
         """One line of ``raft_state``, or why there is none: printed at the end of every
         test, so a node that stopped applying the metadata log shows."""

@@ -154,22 +154,9 @@ def test_random_faults_with_a_controller_quorum(nemesis_quorum: Cluster, seed: i
     run(nemesis_quorum, seed, QUORUM, "NEMESIS_QUORUM_SEEDS")
     rc.wait_for(
         f"seed {seed}: the controllers to hold the same metadata image",
-        lambda: same_image(nemesis_quorum),
+        lambda: nemesis_quorum.same_metadata_image(QUORUM),
         30,
     )
-
-
-def same_image(c: Cluster) -> bool | None:
-    """True once every controller follows one leader and holds the same image (offset and
-    digest, from their metrics); None until then, or while one's metrics do not answer."""
-    try:
-        states = [c.raft_state(n) for n in QUORUM]
-    except OSError:
-        return None
-    images = {(s["image_offset"], s["image_digest"]) for s in states}
-    leaders = {s["raft_leader_id"] for s in states}
-    known = all("?" not in image for image in images)
-    return True if len(images) == 1 and len(leaders) == 1 and known else None
 
 
 def run(c: Cluster, seed: int, controllers: tuple[int, ...], variable: str) -> None:

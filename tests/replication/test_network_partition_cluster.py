@@ -255,16 +255,8 @@ def test_the_active_controller_cut_off_is_replaced_and_follows_when_healed(
         c.note("healed")
 
         def caught_up() -> bool | None:
-            states = {n: c.raft_state(n) for n in CONTROLLERS}
-            ours, theirs = states[old[0]], states[new[0]]
-            same = (ours["image_offset"], ours["image_digest"]) == (
-                theirs["image_offset"], theirs["image_digest"],
-            )  # fmt: skip
-            following = (
-                ours["role"] == "follower" and ours["raft_leader_id"] == theirs["raft_leader_id"]
-            )
-            known = "?" not in (ours["image_offset"], ours["image_digest"])
-            return True if following and same and known else None
+            following = c.raft_state(old[0])["role"] == "follower"
+            return True if following and c.same_metadata_image(CONTROLLERS) else None
 
         rc.wait_for(f"controller {old[0]} to follow {new[0]} with the same image", caught_up, 30)
         c.note(f"controller {old[0]} after the heal: {c.metadata_state(old[0])}")
