@@ -66,6 +66,9 @@ SERVED = (
     ApiKey.LIST_OFFSETS,
     ApiKey.OFFSET_FOR_LEADER_EPOCH,
 )
+# The highest version the sink serves where runnel serves more: its Metadata gives no topic
+# ids, so Fetch stays at v12 (names; v13+ names topics by id).
+MAX_VERSIONS = {ApiKey.FETCH: 12}
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 
@@ -147,7 +150,7 @@ class Sink:
     def api_versions(self, header: RequestHeader, request: Any) -> Any:
         keys = [
             {"api_key": k, "min_version": API_SPECS[k].min_version,
-             "max_version": API_SPECS[k].max_version}
+             "max_version": MAX_VERSIONS.get(k, API_SPECS[k].max_version)}
             for k in SERVED
         ]  # fmt: skip
         return {"error_code": ErrorCode.NONE, "api_keys": keys, "throttle_time_ms": 0}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from broker.context import BrokerContext
@@ -33,6 +33,7 @@ __all__ = [
     "broker_endpoint",
     "current_leader",
     "error_code_of",
+    "leader_endpoints",
     "lookup_partition",
     "then",
     "topic_uuid",
@@ -119,6 +120,15 @@ def broker_endpoint(
         "port": endpoint.port,
         "rack": registration.rack,
     }
+
+
+def leader_endpoints(
+    image: MetadataImage, leaders: Iterable[int], listener: str
+) -> list[dict[str, Any]]:
+    """KIP-951's ``node_endpoints``: of the leaders an answer names (-1: none), those that
+    Metadata would list, by id."""
+    endpoints = (broker_endpoint(image, b, listener) for b in sorted(set(leaders)) if b >= 0)
+    return [e for e in endpoints if e is not None]
 
 
 def error_code_of(error: Exception) -> int:

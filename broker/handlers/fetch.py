@@ -31,19 +31,36 @@ a wrong epoch) is answered at the top level with no partitions.
 
 read_committed reads to the last stable offset, which equals the high watermark: runnel has
 no transactions.
+
+Versions 13-16 (KIP-516, -903, -951). From v13 a fetch names its topics by id: each id is
+looked up in the broker's image when the request arrives, a partition of an id the image does
+not have is answered UNKNOWN_TOPIC_ID (at once, as any error), and one whose topic the image
+has under another id by the time it is read (deleted and created again meanwhile) too; the
+answer names topics by the ids asked. Such fetches get no session (``_asked``): one asking to
+open a session is answered in full with session id 0, so its client goes on fetching in
+full, and an incremental one is refused (FETCH_SESSION_TOPIC_ID_ERROR, the code Kafka gives a
+session whose use of ids changed; FETCH_SESSION_ID_NOT_FOUND for an unknown session), because
+sessions hold partitions by name. librdkafka, the client that asks for these versions, does
+not use sessions; runnel's own followers fetch with v12. From v15 a follower's id is in
+``replica_state`` (its broker epoch there is not checked: KIP-903 is not implemented, as
+v14 and below carry none). From v16 an answer that names partitions' current leaders (errors
+NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``,
+as Metadata would, so the client can move without asking Metadata (KIP-951).
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.awaited_followers import SHORT_POLL_MS
 from broker.context import BrokerContext
 from broker.fetch_session import (
     FINAL_EPOCH,
+    INITIAL_EPOCH,
     NO_SESSION,
     FetchContext,
     FetchPosition,
@@ -57,6 +74,7 @@ from broker.handlers.common import (
     Response,
     current_leader,
     error_code_of,
+    leader_endpoints,
     lookup_partition,
     then,
 )
@@ -70,6 +88,22 @@ from storage.segment import FileSlice
 __all__ = ["fetch", "quiet_for_follower"]
 
 READ_COMMITTED = 1
+TOPIC_IDS_FROM = 13  # topics named by id (KIP-516)
+REPLICA_STATE_FROM = 15  # a follower's id in replica_state (KIP-903)
+NODE_ENDPOINTS_FROM = 16  # the current leaders' endpoints (KIP-951)
+_LEADER_HINT_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
+
+
+@dataclass(slots=True)
+class _Asked:
+    """What a request asks, read once when it arrives (a long poll reads the same again)."""
+
+    version: int
+    replica_id: int  # >= 0: a follower's fetch
+    session: SessionRequest
+    # v13+: the id each topic name was asked by, and the partitions of ids the image lacks
+    ids: dict[str, uuid.UUID] | None = None
+    unknown_ids: list[tuple[uuid.UUID, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -89,50 +123,82 @@ class _Plan:
     watching: bool  # a follower's session watches quiet partitions: a long poll waits on them
 
 
-def _session_request(request: Any) -> SessionRequest:
+def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
+    """The request's partitions by name (v13+: by the names of the ids the image has)."""
+    by_id = version >= TOPIC_IDS_FROM
+    ids: dict[str, uuid.UUID] | None = {} if by_id else None
+    unknown_ids: list[tuple[uuid.UUID, int]] = []
+
+    def name_of(topic: Any) -> str | None:
+        if ids is None:
+            return str(topic.topic)
+        found = image.topics.get(topic.topic_id.bytes)
+        if found is not None:
+            ids[found.name] = topic.topic_id
+        return None if found is None else found.name
+
     partitions: dict[PartitionKey, FetchPosition] = {}
     for topic in request.topics:
+        name = name_of(topic)
         for p in topic.partitions:
-            partitions[topic.topic, p.partition] = FetchPosition(
+            if name is None:
+                unknown_ids.append((topic.topic_id, p.partition))
+                continue
+            partitions[name, p.partition] = FetchPosition(
                 p.fetch_offset,
                 getattr(p, "last_fetched_epoch", -1),
                 getattr(p, "current_leader_epoch", -1),
                 getattr(p, "log_start_offset", -1),
                 p.partition_max_bytes,
             )
-    forgotten = [
-        (topic.topic, index)
-        for topic in getattr(request, "forgotten_topics_data", None) or ()
-        for index in topic.partitions
-    ]
-    return SessionRequest(
-        getattr(request, "session_id", NO_SESSION),
-        getattr(request, "session_epoch", FINAL_EPOCH),
-        request.replica_id,
-        partitions,
-        forgotten,
+    forgotten = []
+    for topic in getattr(request, "forgotten_topics_data", None) or ():
+        name = name_of(topic)
+        if name is not None:
+            forgotten += [(name, index) for index in topic.partitions]
+    replica_id = (
+        request.replica_state.replica_id if version >= REPLICA_STATE_FROM else request.replica_id
     )
+    session_id = getattr(request, "session_id", NO_SESSION)
+    epoch = getattr(request, "session_epoch", FINAL_EPOCH)
+    if by_id and epoch == INITIAL_EPOCH:
+        epoch = FINAL_EPOCH  # no session by ids: answered in full, session id 0 (module doc)
+    session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten)
+    return _Asked(version, replica_id, session, ids, unknown_ids)
 
 
-def _plan(context: BrokerContext, request: Any, session: FetchContext) -> _Plan:
+def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchContext) -> _Plan:
     """What to read. Of a follower's incremental fetch, only partitions with news: see
     ``_quiet_for``."""
     image = context.image()
     watching = False
+    replica_id = asked.replica_id
     if isinstance(session, IncrementalFetch):
-        if request.replica_id >= 0:
-            session.skip_quiet(_quiet_for(context, request.replica_id))
+        if replica_id >= 0:
+            session.skip_quiet(_quiet_for(context, replica_id))
             watching = session.watching
         keys = session.keys
     else:
         keys = [key for key, _ in session.partitions]
     wanted = [
-        _Wanted(key, position, lookup_partition(context, image, key[0], key[1]))
+        _Wanted(key, position, _replica(context, image, asked, key))
         for key, position in session.partitions
     ]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    return _Plan(wanted, keys, max_bytes, request.replica_id, committed, watching)
+    return _Plan(wanted, keys, max_bytes, replica_id, committed, watching)
+
+
+def _replica(
+    context: BrokerContext, image: MetadataImage, asked: _Asked, key: PartitionKey
+) -> Partition | int:
+    """``lookup_partition``; for a fetch by ids, UNKNOWN_TOPIC_ID if the name is no longer
+    the asked id's topic in ``image``."""
+    if asked.ids is not None:
+        found = image.topic_by_name(key[0])
+        if found is None or found.topic_id != asked.ids[key[0]].bytes:
+            return ErrorCode.UNKNOWN_TOPIC_ID
+    return lookup_partition(context, image, key[0], key[1])
 
 
 def _quiet_for(
@@ -174,16 +240,20 @@ def quiet_for_follower(
     )
 
 
-def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "partition_index": w.key[1],
+def _failed(index: int, code: int) -> dict[str, Any]:
+    return {
+        "partition_index": index,
         "error_code": code,
         "high_watermark": -1,
         "last_stable_offset": -1,
         "log_start_offset": -1,
         "records": b"",
     }
-    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER or code == ErrorCode.FENCED_LEADER_EPOCH:
+
+
+def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
+    out = _failed(w.key[1], code)
+    if code in _LEADER_HINT_ERRORS:
         leader = current_leader(image, *w.key)
         if leader is not None:
             out["current_leader"] = leader
@@ -271,19 +341,31 @@ def _read_one(
 
 def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     clock_ms = context.replicas.clock_ms
-    session = context.fetch_sessions.begin(_session_request(request), clock_ms())
+    asked = _asked(context.image(), request, header.api_version)
+    if asked.ids is not None and asked.session.epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
+        return _refused(_incremental_by_ids(context, asked.session.session_id), NO_SESSION)
+    session = context.fetch_sessions.begin(asked.session, clock_ms())
     if session.error_code != ErrorCode.NONE:
         return _refused(session.error_code, NO_SESSION)
-    plan = _plan(context, request, session)
+    plan = _plan(context, request, asked, session)
     answers, total, urgent = _read(plan, context.image(), clock_ms())
+    urgent = urgent or bool(asked.unknown_ids)
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
     if plan.replica_id >= 0 and wait_ms > SHORT_POLL_MS and _awaited(context, plan, session):
         wait_ms = SHORT_POLL_MS
     if total >= request.min_bytes or wait_ms <= 0 or urgent or not (plan.keys or plan.watching):
-        return _response(session, plan, answers, clock_ms())
+        return _response(context, asked, session, plan, answers)
     # Parked now, not when the coroutine first runs: an append in between must wake it.
     parked = _park(context, session, plan, request.min_bytes - total, wait_ms)
-    return _long_poll(context, request, session, plan, parked)
+    return _long_poll(context, request, asked, session, plan, parked)
+
+
+def _incremental_by_ids(context: BrokerContext, session_id: int) -> int:
+    """Why an incremental fetch by ids is refused (module doc): its session is unknown, or
+    it was opened by names."""
+    if context.fetch_sessions.epoch_of(session_id) is None:
+        return ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    return ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR
 
 
 def _awaited(context: BrokerContext, plan: _Plan, session: FetchContext) -> bool:
@@ -316,6 +398,7 @@ def _park(
 def _long_poll(
     context: BrokerContext,
     request: Any,
+    asked: _Asked,
     session: FetchContext,
     plan: _Plan,
     parked: asyncio.Future[WakeReason],
@@ -326,30 +409,58 @@ def _long_poll(
     def answer(reason: WakeReason) -> Response:
         # Look the replicas up again: one may have moved or gone while the request waited.
         # Of the watched partitions, only those that changed meanwhile are looked at.
-        again = _plan(context, request, session)
-        clock_ms = context.replicas.clock_ms
-        answers, _, _ = _read(again, context.image(), clock_ms())
-        return _response(session, again, answers, clock_ms())
+        again = _plan(context, request, asked, session)
+        answers, _, _ = _read(again, context.image(), context.replicas.clock_ms())
+        return _response(context, asked, session, again, answers)
 
     return then(parked, answer)
 
 
 def _response(
-    session: FetchContext, plan: _Plan, answers: list[dict[str, Any]], now_ms: int
+    context: BrokerContext,
+    asked: _Asked,
+    session: FetchContext,
+    plan: _Plan,
+    answers: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    said = session.finish([_news(answer) for answer in answers], now_ms)
+    said = session.finish([_news(answer) for answer in answers], context.replicas.clock_ms())
     if said.error_code != ErrorCode.NONE:  # overtaken by the session's next request
         return _refused(said.error_code, said.session_id)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for w, answer, include in zip(plan.wanted, answers, said.include, strict=True):
         if include:
             by_topic.setdefault(w.key[0], []).append(answer)
-    return {
+    responses: list[dict[str, Any]]
+    if asked.ids is None:
+        responses = [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]
+    else:
+        responses = [{"topic_id": asked.ids[t], "partitions": ps} for t, ps in by_topic.items()]
+        responses += _unknown_ids(asked.unknown_ids)
+    body: dict[str, Any] = {
         "throttle_time_ms": 0,
         "error_code": ErrorCode.NONE,
         "session_id": said.session_id,
-        "responses": [{"topic": t, "partitions": parts} for t, parts in by_topic.items()],
+        "responses": responses,
     }
+    if asked.version >= NODE_ENDPOINTS_FROM:
+        leaders = {
+            answer["current_leader"]["leader_id"]
+            for topic in responses
+            for answer in topic["partitions"]
+            if answer["error_code"] in _LEADER_HINT_ERRORS and "current_leader" in answer
+        }
+        body["node_endpoints"] = leader_endpoints(
+            context.image(), leaders, context.settings.listener_name
+        )
+    return body
+
+
+def _unknown_ids(unknown: list[tuple[uuid.UUID, int]]) -> list[dict[str, Any]]:
+    """The answers to partitions of topic ids the image did not have, by topic."""
+    by_id: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for topic_id, index in unknown:
+        by_id.setdefault(topic_id, []).append(_failed(index, ErrorCode.UNKNOWN_TOPIC_ID))
+    return [{"topic_id": t, "partitions": parts} for t, parts in by_id.items()]
 
 
 def _refused(code: int, session_id: int) -> dict[str, Any]:

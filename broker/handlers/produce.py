@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 from broker.context import BrokerContext
 from broker.handlers.common import (
     Reply,
-    broker_endpoint,
     current_leader,
     error_code_of,
+    leader_endpoints,
     lookup_partition,
 )
 from broker.producer_ids import ProducerIdBlockError
@@ -184,8 +184,7 @@ def _add_leader_hints(body: dict[str, Any], image: MetadataImage, listener: str)
             if leader is not None:
                 result["current_leader"] = leader
                 leaders.add(leader["leader_id"])
-    endpoints = (broker_endpoint(image, b, listener) for b in sorted(leaders) if b >= 0)
-    body["node_endpoints"] = [e for e in endpoints if e is not None]
+    body["node_endpoints"] = leader_endpoints(image, leaders, listener)
 
 
 def _invalid_acks(

@@ -17,7 +17,9 @@ from broker.protocol.schema import (
     INT64,
     RECORDS,
     STRING,
+    UUID,
     ApiSpec,
+    Field,
     Struct,
     array,
     field,
@@ -33,6 +35,24 @@ def _leader_id_and_epoch(versions: str) -> Struct:
         "LeaderIdAndEpoch",
         field("leader_id", INT32, versions, default=-1),
         field("leader_epoch", INT32, versions, default=-1),
+    )
+
+
+def _node_endpoints(versions: str) -> Field:
+    """KIP-951: the brokers an answer's current leaders name, as Metadata lists them."""
+    return field(
+        "node_endpoints",
+        array(
+            struct(
+                "NodeEndpoint",
+                field("node_id", INT32, versions),
+                field("host", STRING, versions),
+                field("port", INT32, versions),
+                field("rack", STRING, versions, nullable=versions, default=None),
+            )
+        ),
+        versions,
+        tag=0,
     )
 
 
@@ -111,20 +131,7 @@ PRODUCE = ApiSpec(
             ),
         ),
         field("throttle_time_ms", INT32, "1+"),
-        field(
-            "node_endpoints",
-            array(
-                struct(
-                    "NodeEndpoint",
-                    field("node_id", INT32, "10+"),
-                    field("host", STRING, "10+"),
-                    field("port", INT32, "10+"),
-                    field("rack", STRING, "10+", nullable="10+", default=None),
-                )
-            ),
-            "10+",
-            tag=0,
-        ),
+        _node_endpoints("10+"),
     ),
 )
 
@@ -144,12 +151,22 @@ FETCH = ApiSpec(
     ApiKey.FETCH,
     "Fetch",
     min_version=4,
-    max_version=12,
+    max_version=16,
     flexible_from=12,
     request=struct(
         "FetchRequest",
         field("cluster_id", STRING, "12+", nullable="12+", tag=0, default=None),
         field("replica_id", INT32, "0-14", default=-1),
+        field(
+            "replica_state",
+            struct(
+                "ReplicaState",
+                field("replica_id", INT32, "15+", default=-1),
+                field("replica_epoch", INT64, "15+", default=-1),
+            ),
+            "15+",
+            tag=1,
+        ),
         field("max_wait_ms", INT32),
         field("min_bytes", INT32),
         field("max_bytes", INT32, "3+", default=0x7FFFFFFF),
@@ -162,6 +179,7 @@ FETCH = ApiSpec(
                 struct(
                     "FetchTopic",
                     field("topic", STRING, "0-12"),
+                    field("topic_id", UUID, "13+"),
                     field(
                         "partitions",
                         array(
@@ -185,6 +203,7 @@ FETCH = ApiSpec(
                 struct(
                     "ForgottenTopic",
                     field("topic", STRING, "7-12"),
+                    field("topic_id", UUID, "13+"),
                     field("partitions", array(INT32), "7+"),
                 )
             ),
@@ -203,6 +222,7 @@ FETCH = ApiSpec(
                 struct(
                     "FetchableTopicResponse",
                     field("topic", STRING, "0-12"),
+                    field("topic_id", UUID, "13+"),
                     field(
                         "partitions",
                         array(
@@ -236,6 +256,7 @@ FETCH = ApiSpec(
                 )
             ),
         ),
+        _node_endpoints("16+"),
     ),
 )
 

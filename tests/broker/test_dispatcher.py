@@ -245,7 +245,7 @@ def test_an_unsupported_api_versions_version_gets_a_v0_list(broker: Harness) -> 
     assert response.error_code == ErrorCode.UNSUPPORTED_VERSION
     versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
     assert versions[ApiKey.PRODUCE] == (0, 10)  # v0-v2 advertised for old librdkafka (below)
-    assert versions[ApiKey.FETCH] == (4, 12) and versions[ApiKey.FIND_COORDINATOR] == (0, 4)
+    assert versions[ApiKey.FETCH] == (4, 16) and versions[ApiKey.FIND_COORDINATOR] == (0, 4)
 
 
 def test_an_unknown_api_gets_unsupported_version_and_the_connection_goes_on(

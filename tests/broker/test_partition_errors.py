@@ -354,28 +354,15 @@ def test_librdkafka_moves_a_partition_on_the_leader_named_in_a_produce_answer(
     from confluent_kafka import Producer
 
     cluster = own_cluster  # it restarts broker 101: not on the shared cluster
-    topic = unique_topic("hinted")
-    with cluster.client() as c:
-        c.create_topic(topic, 2, 2)
-    moved = next(p for p, (leader, _) in cluster.leaders(topic).items() if leader == 101)
-    _stop_and_restart(cluster, 101)
-    assert cluster.leaders(topic)[moved][0] == 102
-
-    def both_in_sync() -> bool | None:
-        with cluster.client(102) as c:
-            (t,) = c.metadata([topic]).topics
-        isr = {p.partition_index: sorted(p.isr_nodes) for p in t.partitions}
-        return True if isr[moved] == list(BROKERS) else None
-
-    wait_for("101 back in the ISR (a preferred election needs it there)", both_in_sync, 30)
+    topic, moved = _led_by_102_until_elected(cluster, "hinted")
     lines: list[str] = []
-    log = logging.getLogger(f"librdkafka-{topic}")
-    log.addHandler(_Collect(lines))
-    log.setLevel(logging.DEBUG)
-    log.propagate = False
-    bootstrap = ",".join(f"127.0.0.1:{cluster.ports[b]}" for b in BROKERS)
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "acks": "all", "debug": "metadata", "logger": log}
+        {
+            "bootstrap.servers": _bootstrap(cluster),
+            "acks": "all",
+            "debug": "metadata",
+            "logger": _collecting(f"librdkafka-{topic}", lines),
+        }
     )
     delivered: list[bytes] = []
     failed: list[str] = []
@@ -393,10 +380,7 @@ def test_librdkafka_moves_a_partition_on_the_leader_named_in_a_produce_answer(
         assert producer.flush(30) == 0, "records still queued after 30 s"
 
     send("to-102")
-    cluster.cluster.ok("topics", "elect", topic, "--partition", str(moved))
-    leader, epoch = wait_for(
-        "the preferred election", lambda: _led_by(cluster, topic, moved, 101), 30
-    )
+    leader, epoch = _elect_preferred(cluster, topic, moved)
     send("to-101")
     assert failed == []
     assert sorted(delivered) == sorted(
@@ -404,6 +388,103 @@ def test_librdkafka_moves_a_partition_on_the_leader_named_in_a_produce_answer(
     )
     hint = f"updated with leader {leader} and epoch {epoch}"
     assert any(hint in line for line in lines), f"librdkafka never logged {hint!r}"
+
+
+def test_librdkafka_consumer_moves_a_partition_on_the_leader_named_in_a_fetch_answer(
+    own_cluster: SharedCluster,
+) -> None:
+    """The consumer's side of KIP-951: confluent-kafka fetches by topic id (Fetch v16) from
+    102; a preferred election moves the partition to 101, the parked fetch is answered
+    NOT_LEADER_OR_FOLLOWER naming 101 with its address, and librdkafka moves the partition
+    from that answer (its "updated with leader" line: with Fetch v12, which has no
+    ``node_endpoints``, it refreshes its Metadata instead and writes none) and reads on from
+    101, every record once and in order."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    cluster = own_cluster  # it restarts broker 101: not on the shared cluster
+    topic, moved = _led_by_102_until_elected(cluster, "followed")
+    lines: list[str] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": _bootstrap(cluster),
+            "group.id": "fetch-hints",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5000,  # parked on 102 when the election comes
+            "debug": "metadata,fetch,protocol",
+            "logger": _collecting(f"librdkafka-{topic}", lines),
+        }
+    )
+    got: list[bytes] = []
+
+    def read(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"read {len(got)} of {count} in 30 s"
+            for m in consumer.consume(count - len(got), timeout=0.5):
+                assert m.error() is None, m.error()
+                got.append(m.value())
+
+    def produce(leader: int, prefix: str) -> None:
+        with cluster.client(leader) as c:
+            answer = c.produce(topic, {moved: _batch(*(f"{prefix}-{i}" for i in range(10)))})
+        assert answer[moved].error_code == ErrorCode.NONE
+
+    try:
+        consumer.assign([TopicPartition(topic, moved, 0)])
+        produce(102, "from-102")
+        read(10)
+        assert any("FetchRequest (v16" in line for line in lines), (
+            "librdkafka did not fetch with v16"
+        )
+        leader, epoch = _elect_preferred(cluster, topic, moved)
+        produce(leader, "from-101")
+        read(20)
+    finally:
+        consumer.close()
+    assert got == [
+        f"{prefix}-{i}".encode() for prefix in ("from-102", "from-101") for i in range(10)
+    ]
+    hint = f"updated with leader {leader} and epoch {epoch}"
+    assert any(hint in line for line in lines), f"librdkafka never logged {hint!r}"
+
+
+def _led_by_102_until_elected(cluster: SharedCluster, prefix: str) -> tuple[str, int]:
+    """A new two-replica topic and one of its partitions whose preferred leader, 101, was
+    restarted: 102 leads it, and both replicas are in the ISR (as an election needs)."""
+    topic = unique_topic(prefix)
+    with cluster.client() as c:
+        c.create_topic(topic, 2, 2)
+    moved = next(p for p, (leader, _) in cluster.leaders(topic).items() if leader == 101)
+    _stop_and_restart(cluster, 101)
+    assert cluster.leaders(topic)[moved][0] == 102
+
+    def both_in_sync() -> bool | None:
+        with cluster.client(102) as c:
+            (t,) = c.metadata([topic]).topics
+        isr = {p.partition_index: sorted(p.isr_nodes) for p in t.partitions}
+        return True if isr[moved] == list(BROKERS) else None
+
+    wait_for("101 back in the ISR (a preferred election needs it there)", both_in_sync, 30)
+    return topic, moved
+
+
+def _elect_preferred(cluster: SharedCluster, topic: str, partition: int) -> tuple[int, int]:
+    """``runnel topics elect`` of the partition; its new (leader, epoch) once 101 leads."""
+    cluster.cluster.ok("topics", "elect", topic, "--partition", str(partition))
+    return wait_for("the preferred election", lambda: _led_by(cluster, topic, partition, 101), 30)
+
+
+def _bootstrap(cluster: SharedCluster) -> str:
+    return ",".join(f"127.0.0.1:{cluster.ports[b]}" for b in BROKERS)
+
+
+def _collecting(name: str, lines: list[str]) -> logging.Logger:
+    """A logger for librdkafka's lines that keeps them in ``lines``."""
+    log = logging.getLogger(name)
+    log.addHandler(_Collect(lines))
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    return log
 
 
 class _Collect(logging.Handler):

@@ -183,7 +183,7 @@ def test_api_specs_are_the_served_ranges() -> None:
     ranges = {k: (s.min_version, s.max_version, s.flexible_from) for k, s in API_SPECS.items()}
     assert ranges == {
         0: (3, 10, 9),  # Produce: v10 names the current leader (KIP-951)
-        1: (4, 12, 12),
+        1: (4, 16, 12),  # Fetch: topic ids from v13, node_endpoints from v16 (KIP-951)
         2: (1, 7, 6),
         3: (1, 12, 9),
         18: (0, 3, 3),
