@@ -1,0 +1,42 @@
+"""The API tables of docs/protocol.md and docs/compatibility.md say what ApiVersions
+advertises: every served API once, with its key, its served versions and the first flexible
+version (the tables had fallen behind the code once)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from broker.protocol import API_SPECS
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# | Name | key | 3–10 (0–10 advertised) | 9 | ...
+_ROW = re.compile(r"^\| (\w+) \| (\d+) \| (\d+)–(\d+)[^|]* \| (\d+) \|")
+
+
+def _table(text: str) -> dict[int, tuple[str, int, int, int]]:
+    rows: dict[int, tuple[str, int, int, int]] = {}
+    for line in text.splitlines():
+        match = _ROW.match(line)
+        if match is None:
+            continue
+        name, key, low, high, flexible = match.groups()
+        assert int(key) not in rows, f"API key {key} listed twice"
+        rows[int(key)] = (name, int(low), int(high), int(flexible))
+    return rows
+
+
+@pytest.mark.parametrize("doc", ["protocol.md", "compatibility.md"])
+def test_the_api_table_is_what_is_served(doc: str) -> None:
+    served = {
+        k: (s.name, s.min_version, s.max_version, s.flexible_from) for k, s in API_SPECS.items()
+    }
+    assert _table((DOCS / doc).read_text()) == served
+
+
+def test_a_row_with_other_versions_is_seen() -> None:
+    """The check reads the table: a wrong range in it is a difference, not a skipped row."""
+    wrong = "| Fetch | 1 | 4–12 | 12 | notes |\n| Produce | 0 | 3–10 (0–10 advertised) | 9 | x |"
+    assert _table(wrong) == {1: ("Fetch", 4, 12, 12), 0: ("Produce", 3, 10, 9)}
