@@ -12,8 +12,9 @@ import pytest
 from broker.protocol import API_SPECS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# | Name | key | 3–10 (0–10 advertised) | 9 | ...
-_ROW = re.compile(r"^\| (\w+) \| (\d+) \| (\d+)–(\d+)[^|]* \| (\d+) \|")
+# a row: name, key, low EN DASH high (and maybe a note), flexible from, notes
+DASH = "\u2013"  # the tables write ranges with an en dash
+_ROW = re.compile(rf"^\| (\w+) \| (\d+) \| (\d+){DASH}(\d+)[^|]* \| (\d+) \|")
 
 
 def _table(text: str) -> dict[int, tuple[str, int, int, int]]:
@@ -38,5 +39,8 @@ def test_the_api_table_is_what_is_served(doc: str) -> None:
 
 def test_a_row_with_other_versions_is_seen() -> None:
     """The check reads the table: a wrong range in it is a difference, not a skipped row."""
-    wrong = "| Fetch | 1 | 4–12 | 12 | notes |\n| Produce | 0 | 3–10 (0–10 advertised) | 9 | x |"
+    wrong = (
+        f"| Fetch | 1 | 4{DASH}12 | 12 | notes |\n"
+        f"| Produce | 0 | 3{DASH}10 (0{DASH}10 advertised) | 9 | x |"
+    )
     assert _table(wrong) == {1: ("Fetch", 4, 12, 12), 0: ("Produce", 3, 10, 9)}
