@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +70,7 @@ __all__ = [
     "RETRIABLE",
     "SESSION_MS",
     "ClientLines",
+    "RecentLines",
     "Cluster",
     "Continuous",
     "ONCE",
@@ -315,7 +316,11 @@ class Tail:
     (partition, offset, value), must all be in the final log at the same offsets."""
 
     def __init__(self, cluster: Cluster, topic: str, partitions: int) -> None:
-        self.consumer = cluster.consumer(**{"fetch.wait.max.ms": 100})
+        self._cluster, self._topic = cluster, topic
+        self.client_lines = RecentLines()
+        self.consumer = cluster.consumer(
+            **{"fetch.wait.max.ms": 100, "debug": RecentLines.DEBUG, "logger": self.client_lines}
+        )
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.seen: list[tuple[int, int, str]] = []
         self.errors: Counter[str] = Counter()
@@ -352,6 +357,9 @@ class Tail:
                 stack_of(self._thread)
             )
             self.consumer.close()
+            if not self.seen:  # kept for whoever asks why: the tests require it saw something
+                path = self._cluster.spec.data_dir / f"tail-{self._topic}-client-lines.log"
+                self._cluster.note(f"the consumer read nothing; {self.client_lines.write(path)}")
         return self.seen
 
     def problems(self, final: dict[int, list[tuple[int, str]]]) -> list[str]:
@@ -536,6 +544,26 @@ class ClientLines:
         kept = "encountered error" in line or self._NO_BROKER.search(line) is not None
         if kept and len(self.into) < self.MAX:
             self.into.append(f"{time.strftime('%H:%M:%S')} {line}")
+
+
+class RecentLines:
+    """A librdkafka logger keeping its last ``MAX`` lines, stamped: a consumer's, written out
+    (``write``) when a test finds it read nothing or too little (a nemesis run once had two
+    consumers read nothing at all, with no client lines to tell why)."""
+
+    MAX = 20_000
+    DEBUG = "consumer,fetch,metadata,topic"  # the contexts worth keeping for a consumer
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=self.MAX)
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.lines.append(f"{time.strftime('%H:%M:%S')} {fmt % args if args else fmt}")
+
+    def write(self, path: Path) -> str:
+        """The lines into ``path``; what to say of it."""
+        path.write_text("".join(f"{line}\n" for line in self.lines))
+        return f"{len(self.lines)} librdkafka lines of the consumer in {path}"
 
 
 class _NullLogger:
@@ -915,16 +943,19 @@ class Cluster:
             METADATA_TIMEOUT_S * 5,
         )
         out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
-        consumer = self.consumer()
+        lines = RecentLines()
+        consumer = self.consumer(debug=RecentLines.DEBUG, logger=lines)
         try:
             consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
             deadline = time.monotonic() + timeout_s
             done = {p for p in range(partitions) if ends[p] == 0}
             while len(done) < partitions:
-                assert time.monotonic() < deadline, (
-                    f"reading {topic} to {ends} timed out; read up to "
-                    f"{ {p: (r[-1][0] if r else None) for p, r in out.items()} }"
-                )
+                if time.monotonic() >= deadline:
+                    said = lines.write(self.spec.data_dir / f"read-{topic}-client-lines.log")
+                    raise AssertionError(
+                        f"reading {topic} to {ends} timed out; read up to "
+                        f"{ {p: (r[-1][0] if r else None) for p, r in out.items()} }; {said}"
+                    )
                 for m in consumer.consume(500, timeout=1.0):
                     if m.error() is not None:
                         continue

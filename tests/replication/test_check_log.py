@@ -4,6 +4,9 @@ are a broken promise. It must not pass what a broker got wrong."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import fault_cluster as rc
 
 DESTROYED = (
@@ -93,3 +96,17 @@ def test_the_producer_keeps_failed_message_sets_and_metadata_listing_no_broker()
     for line in (DESTROYED.format(n=2)[9:], none, some, "BROKER [rdkafka#producer-1] up"):
         lines.log(7, "%s", line)
     assert [k[9:] for k in kept] == [DESTROYED.format(n=2)[9:], none]
+
+
+def test_a_consumer_keeps_its_latest_lines_and_writes_them_out(tmp_path: Path) -> None:
+    """What a fault test writes beside the cluster when a consumer read nothing (or too
+    little): its last ``MAX`` librdkafka lines, oldest first, each stamped."""
+    recent = rc.RecentLines()
+    for i in range(rc.RecentLines.MAX + 5):
+        recent.log(7, "FETCH [rdkafka#consumer-1] fetch %d", i)
+    said = recent.write(tmp_path / "lines.log")
+    written = (tmp_path / "lines.log").read_text().splitlines()
+    assert len(written) == rc.RecentLines.MAX and str(tmp_path / "lines.log") in said
+    last = rc.RecentLines.MAX + 4
+    assert written[0].endswith("fetch 5") and written[-1].endswith(f"fetch {last}")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d FETCH .*", written[0])
