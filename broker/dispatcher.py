@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from broker.context import BrokerContext
 from broker.handlers import HANDLERS
-from broker.handlers.common import Handler, Response, then
+from broker.handlers.common import Handler, then
 from broker.handlers.metadata import ADVERTISED_MIN_VERSION, supported_api_versions
 from broker.protocol import (
     API_SPECS,
@@ -77,12 +77,10 @@ class KafkaDispatcher:
         reply = handler(self.context, header, request)
         if reply is None or isinstance(reply, dict):
             return _encode(header, reply)
-        if isinstance(reply, asyncio.Future):  # chained, so that cancelling reaches it
-            return then(reply, functools.partial(_encode, header))
-        return self._later(header, reply)
-
-    async def _later(self, header: RequestHeader, reply: Awaitable[Response]) -> list[Part] | None:
-        return _encode(header, await reply)
+        # Chained, so that cancelling the answer (its connection closed) reaches the reply;
+        # a coroutine runs as a task from now, so that a cancel before its first step closes
+        # it rather than dropping it unawaited (Python warns: "was never awaited").
+        return then(asyncio.ensure_future(reply), functools.partial(_encode, header))
 
     def _unsupported(self, header: RequestHeader, connection: ConnectionInfo) -> list[Part]:
         self.unsupported_requests += 1

@@ -89,9 +89,13 @@ class Harness:
         return memoryview(b"".join(bytes(p) for p in parts))[4:]  # type: ignore[arg-type]
 
     def raw(self, api_key: int, version: int, body: dict[str, Any]) -> bytes | None:
-        reply = self.dispatcher.handle(self.frame(api_key, version, body), CONNECTION)
-        if inspect.isawaitable(reply):
-            reply = asyncio.run(_wait(reply))
+        frame = self.frame(api_key, version, body)
+
+        async def answer() -> Any:  # in a running loop, as the listener calls it
+            reply = self.dispatcher.handle(frame, CONNECTION)
+            return await _wait(reply) if inspect.isawaitable(reply) else reply
+
+        reply = asyncio.run(answer())
         if reply is None:
             return None
         assert isinstance(reply, list)

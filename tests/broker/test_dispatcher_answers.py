@@ -162,9 +162,13 @@ def ask_on(
     version: int,
     body: dict[str, Any],
 ) -> Any:
-    reply = dispatcher.handle(harness.frame(api_key, version, body), connection)
-    if inspect.isawaitable(reply):
-        reply = asyncio.run(_bounded(reply))
+    frame = harness.frame(api_key, version, body)
+
+    async def answer() -> Any:  # in a running loop, as the listener calls it
+        reply = dispatcher.handle(frame, connection)
+        return await _bounded(reply) if inspect.isawaitable(reply) else reply
+
+    reply = asyncio.run(answer())
     assert isinstance(reply, list)
     data = b"".join(bytes(p) for p in reply)  # type: ignore[arg-type]
     correlation_id, response = decode_response(api_key, version, memoryview(data)[4:])
