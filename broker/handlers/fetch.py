@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from broker.awaited_followers import SHORT_POLL_MS
@@ -102,8 +102,8 @@ class _Asked:
     replica_id: int  # >= 0: a follower's fetch
     session: SessionRequest
     # v13+: the id each topic name was asked by, and the partitions of ids the image lacks
-    ids: dict[str, uuid.UUID] | None = None
-    unknown_ids: list[tuple[uuid.UUID, int]] = field(default_factory=list)
+    ids: dict[str, uuid.UUID] | None
+    unknown_ids: list[tuple[uuid.UUID, int]]
 
 
 @dataclass(slots=True)
@@ -128,18 +128,9 @@ def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
     by_id = version >= TOPIC_IDS_FROM
     ids: dict[str, uuid.UUID] | None = {} if by_id else None
     unknown_ids: list[tuple[uuid.UUID, int]] = []
-
-    def name_of(topic: Any) -> str | None:
-        if ids is None:
-            return str(topic.topic)
-        found = image.topics.get(topic.topic_id.bytes)
-        if found is not None:
-            ids[found.name] = topic.topic_id
-        return None if found is None else found.name
-
     partitions: dict[PartitionKey, FetchPosition] = {}
     for topic in request.topics:
-        name = name_of(topic)
+        name = topic.topic if ids is None else _name_of(image, topic.topic_id, ids)
         for p in topic.partitions:
             if name is None:
                 unknown_ids.append((topic.topic_id, p.partition))
@@ -153,7 +144,7 @@ def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
             )
     forgotten = []
     for topic in getattr(request, "forgotten_topics_data", None) or ():
-        name = name_of(topic)
+        name = topic.topic if ids is None else _name_of(image, topic.topic_id, ids)
         if name is not None:
             forgotten += [(name, index) for index in topic.partitions]
     replica_id = (
@@ -165,6 +156,15 @@ def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
         epoch = FINAL_EPOCH  # no session by ids: answered in full, session id 0 (module doc)
     session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten)
     return _Asked(version, replica_id, session, ids, unknown_ids)
+
+
+def _name_of(image: MetadataImage, topic_id: uuid.UUID, ids: dict[str, uuid.UUID]) -> str | None:
+    """The name of the topic ``topic_id`` in ``image`` (noted in ``ids``), None if unknown."""
+    found = image.topics.get(topic_id.bytes)
+    if found is None:
+        return None
+    ids[found.name] = topic_id
+    return found.name
 
 
 def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchContext) -> _Plan:
@@ -180,24 +180,29 @@ def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchCon
         keys = session.keys
     else:
         keys = [key for key, _ in session.partitions]
-    wanted = [
-        _Wanted(key, position, _replica(context, image, asked, key))
-        for key, position in session.partitions
-    ]
+    if asked.ids is None:
+        wanted = [
+            _Wanted(key, position, lookup_partition(context, image, key[0], key[1]))
+            for key, position in session.partitions
+        ]
+    else:
+        wanted = [
+            _Wanted(key, position, _by_id(context, image, asked.ids, key))
+            for key, position in session.partitions
+        ]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     return _Plan(wanted, keys, max_bytes, replica_id, committed, watching)
 
 
-def _replica(
-    context: BrokerContext, image: MetadataImage, asked: _Asked, key: PartitionKey
+def _by_id(
+    context: BrokerContext, image: MetadataImage, ids: dict[str, uuid.UUID], key: PartitionKey
 ) -> Partition | int:
-    """``lookup_partition``; for a fetch by ids, UNKNOWN_TOPIC_ID if the name is no longer
+    """``lookup_partition`` for a fetch by ids: UNKNOWN_TOPIC_ID if the name is no longer
     the asked id's topic in ``image``."""
-    if asked.ids is not None:
-        found = image.topic_by_name(key[0])
-        if found is None or found.topic_id != asked.ids[key[0]].bytes:
-            return ErrorCode.UNKNOWN_TOPIC_ID
+    found = image.topic_by_name(key[0])
+    if found is None or found.topic_id != ids[key[0]].bytes:
+        return ErrorCode.UNKNOWN_TOPIC_ID
     return lookup_partition(context, image, key[0], key[1])
 
 
