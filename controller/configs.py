@@ -90,6 +90,7 @@ from controller.elections import registration
 from controller.image import MetadataImage
 from controller.outcome import DecisionError, Outcome
 from controller.records import ConfigResourceType, MetadataRecord
+from controller.topic_names import check_topic_name
 from proto import controller_pb2 as cpb
 from proto import metadata_pb2 as mpb
 from storage.batch import TimestampType
@@ -760,6 +761,10 @@ def _stored_name(resource: cpb.AlterConfigsResource) -> str:
 def _resource_kind(image: MetadataImage, resource: cpb.AlterConfigsResource) -> ConfigResourceType:
     name = resource.resource_name
     if resource.resource_type == int(TOPIC):
+        # Kafka's ControllerConfigurationValidator.validateTopicName, before the lookup
+        if not name:
+            raise DecisionError(cpb.INVALID_REQUEST, "Default topic resources are not allowed.")
+        check_topic_name(name)
         if name not in image.topic_ids:
             raise DecisionError(cpb.UNKNOWN_TOPIC_OR_PARTITION, f"no topic named {name!r}")
         return TOPIC

@@ -53,7 +53,6 @@ caller may pass another load (``load``). ``replica_load`` is the full pass, for 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ from controller.image import TOPIC_ID_BYTES, MetadataImage, TopicImage
 from controller.outcome import DecisionError, Outcome
 from controller.placement import BrokerSlot, PlacementError, place_replicas
 from controller.records import ConfigResourceType, MetadataRecord
+from controller.topic_names import MAX_TOPIC_NAME_CHARS, check_topic_name, topic_name_problem
 from proto import controller_pb2 as cpb
 from storage.config import LogConfig
 from storage.errors import invariant
@@ -90,10 +90,8 @@ __all__ = [
     "replica_load",
 ]
 
-MAX_TOPIC_NAME_CHARS = 249
 DUPLICATE_NAME = "Duplicate topic name."  # Kafka's ControllerApis message
 TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."  # Kafka's
-_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _DEFAULT = -1  # num_partitions or replication_factor: the cluster default
 _MAX_VARIANTS = 64  # collision check: try 2**k spellings up to this, else scan every name
 _H = TypeVar("_H", bound=Hashable)
@@ -143,33 +141,6 @@ class TopicLimits:
 # <data dir>/__cluster_metadata-0, beside partition logs. A legal name no topic may take.
 METADATA_TOPIC = "__cluster_metadata"
 METADATA_TOPIC_PROHIBITED = f"Creation of internal topic {METADATA_TOPIC} is prohibited."
-
-
-def check_topic_name(name: str) -> None:
-    """Kafka's topic name rules (Topic.validate); ``DecisionError`` (INVALID_TOPIC_EXCEPTION)
-    if broken. ``METADATA_TOPIC`` keeps them: only CreateTopics refuses it (module doc)."""
-    problem = topic_name_problem(name)
-    if problem:
-        raise DecisionError(cpb.INVALID_TOPIC_EXCEPTION, problem)
-
-
-def topic_name_problem(name: str) -> str:
-    """What breaks Kafka's topic name rules in ``name``, or "" if nothing does."""
-    if not name:
-        return "a topic name cannot be empty"
-    if name in (".", ".."):
-        return f"a topic cannot be named {name!r}"
-    if len(name) > MAX_TOPIC_NAME_CHARS:
-        return (
-            f"topic name {name[:20]!r}... has {len(name)} characters, "
-            f"more than {MAX_TOPIC_NAME_CHARS}"
-        )
-    if not _LEGAL_NAME.fullmatch(name):
-        return (
-            f"topic name {name!r} has a character other than ASCII letters, digits, "
-            "'.', '_' and '-'"
-        )
-    return ""
 
 
 def alive_broker_slots(image: MetadataImage) -> list[BrokerSlot]:

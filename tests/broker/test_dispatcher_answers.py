@@ -289,6 +289,19 @@ def alter_legacy(broker: Harness, *resources: dict[str, Any]) -> list[tuple[str,
     return [(r.resource_name, r.error_code, r.error_message) for r in response.responses]
 
 
+def test_an_illegal_topic_name_in_an_alter_is_invalid_topic_exception(broker: Harness) -> None:
+    """As DescribeConfigs answers it, and as Kafka's controller checks it before the lookup
+    (both alter APIs); a legal name no topic has stays UNKNOWN_TOPIC_OR_PARTITION."""
+    for alter in (alter_incrementally, alter_legacy):
+        bad = config_resource(TOPIC_RESOURCE, "bad name!", ("retention.ms", SET, "5"))
+        absent = config_resource(TOPIC_RESOURCE, "absent", ("retention.ms", SET, "5"))
+        got = [(name, code) for name, code, _ in alter(broker, bad, absent)]
+        assert got == [
+            ("bad name!", ErrorCode.INVALID_TOPIC_EXCEPTION),
+            ("absent", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        ], alter.__name__
+
+
 def test_append_and_subtract_are_forwarded_and_change_list_configs(broker: Harness) -> None:
     topic = ConfigResourceType.TOPIC
     append = config_resource(TOPIC_RESOURCE, "orders", ("cleanup.policy", APPEND, "compact"))

@@ -381,6 +381,23 @@ def test_alter_configs_of_an_unknown_topic_is_unknown_topic_or_partition() -> No
     assert "'nope'" in result.message
 
 
+def test_alter_configs_checks_a_topic_name_before_looking_it_up() -> None:
+    """Kafka's controller (ControllerConfigurationValidator.validateTopicName): no default
+    topic resource, and a name that breaks the rules is INVALID_TOPIC_EXCEPTION, not
+    unknown."""
+    empty = refused(cluster(), alter(TOPIC, "", set_("retention.ms", "1")))
+    assert (empty.error, empty.message) == (
+        cpb.INVALID_REQUEST,
+        "Default topic resources are not allowed.",
+    )
+    for name in ("bad name!", "..", "x" * 250):
+        result = refused(cluster(), alter(TOPIC, name, set_("retention.ms", "1")))
+        assert result.error == cpb.INVALID_TOPIC_EXCEPTION, name
+    assert refused(cluster(), alter(TOPIC, "ok.name", set_("retention.ms", "1"))).error == (
+        cpb.UNKNOWN_TOPIC_OR_PARTITION  # legal and absent
+    )
+
+
 def test_deleting_an_unknown_config_name_is_invalid_config() -> None:
     result = refused(cluster(), alter(TOPIC, "orders", delete("retention.msec")))
     assert result.error == cpb.INVALID_CONFIG
