@@ -1,6 +1,7 @@
 """The registry of implemented APIs: ``API_SPECS`` maps an API key to its ``ApiSpec``.
 
-The version ranges here are exactly what the broker advertises in its ApiVersions response.
+The version ranges here are exactly what the broker serves; its ApiVersions response
+advertises them, but Produce from v0 (``broker.handlers.metadata.ADVERTISED_MIN_VERSION``).
 """
 
 from __future__ import annotations
