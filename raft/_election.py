@@ -148,8 +148,9 @@ class _ElectionMixin(_CoreBase):
 
     def _successor_delay(self, request: EndQuorumEpochRequest) -> int:
         """When to campaign after the leader resigned: the first successor it names (the
-        most caught-up voter) at once, as in KRaft, the n-th ``n * SUCCESSOR_STEP_MS`` later
-        (no randomness: ranks differ); a voter not named after all of them, with a backoff."""
+        most caught-up voter) at once, as in KRaft, each next one ``SUCCESSOR_STEP_MS`` after
+        the one before (the n-th, counting from 1, ``(n - 1) * SUCCESSOR_STEP_MS``; no
+        randomness: ranks differ); a voter not named after all of them, with a backoff."""
         successors = request.preferred_successors
         if self.node_id in successors:
             return successors.index(self.node_id) * SUCCESSOR_STEP_MS
