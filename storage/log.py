@@ -187,14 +187,18 @@ class Log:
         # Set by the loader: the high watermark checkpointed before an unclean shutdown when
         # recovery ended the log below it (committed records lost with the page cache).
         self.committed_end_before_crash: int | None = None
-        # Set by the owner, which writes the recovery-point checkpoint: called when a
-        # truncation moved the recovery point down. The checkpoint on disk may still name the
-        # old one, and once the log grows again over offsets that were flushed before the
-        # truncation, a power loss with that checkpoint would pass unflushed data as flushed
-        # (recovery skips it) or leave a gap between segments that makes the log fail to
-        # load. The owner must write the checkpoint before anything is appended here again
-        # (Kafka's LogManager.truncateTo checkpoints the recovery points after truncating).
-        self.on_recovery_point_lowered: Callable[[Log], None] | None = None
+        # Set by the owner, which writes the checkpoints: called when a truncation moved the
+        # recovery point or the high watermark down. The checkpoints on disk may still name
+        # the old ones. Once the log grows again over offsets that were flushed before the
+        # truncation, a power loss with the old recovery point would pass unflushed data as
+        # flushed (recovery skips it) or leave a gap between segments that makes the log
+        # fail to load (Kafka's LogManager.truncateTo checkpoints the recovery points after
+        # truncating); and a crash with the old high watermark (a truncation below it comes
+        # only after an unclean election) would restart the log calling committed what it
+        # appended since, which no leader committed (found by the replication simulation,
+        # seed 41290 of its unclean shape). The owner must write the checkpoints before
+        # anything is appended here again.
+        self.on_offsets_lowered: Callable[[Log], None] | None = None
         self._check_offsets()
 
     # -- offsets ---------------------------------------------------------------------------
@@ -616,16 +620,18 @@ class Log:
         self._log_end_offset = active.read_next_offset()
         self.epoch_cache.truncate_from_end(self._log_end_offset)
         self.reload_producer_state()
+        lowered = self._log_end_offset < self._high_watermark
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
-        self._lower_recovery_point(self._log_end_offset)
+        if self._log_end_offset < self._recovery_point:
+            self._recovery_point, lowered = self._log_end_offset, True
+        if lowered:
+            self._offsets_lowered()
         self._check_offsets()
         return True
 
-    def _lower_recovery_point(self, offset: int) -> None:
-        if offset < self._recovery_point:
-            self._recovery_point = offset
-            if self.on_recovery_point_lowered is not None:
-                self.on_recovery_point_lowered(self)
+    def _offsets_lowered(self) -> None:
+        if self.on_offsets_lowered is not None:
+            self.on_offsets_lowered(self)
 
     def _batch_start(self, offset: int) -> int:
         """Base offset of the batch holding ``offset`` (``offset`` itself in a gap)."""
@@ -654,11 +660,11 @@ class Log:
         self._sync(())
         self.epoch_cache.clear()
         self.producer_state.truncate_fully_and_start_at(offset)
+        lowered = offset < self._high_watermark or offset < self._recovery_point
         self._log_start_offset = self._high_watermark = self._log_end_offset = offset
-        if offset < self._recovery_point:
-            self._lower_recovery_point(offset)
-        else:
-            self._recovery_point = offset
+        self._recovery_point = offset
+        if lowered:
+            self._offsets_lowered()
 
     def reload_producer_state(
         self, known: Sequence[BatchHeader] = (), known_from: int | None = None

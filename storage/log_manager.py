@@ -11,7 +11,7 @@ Each data directory holds partition directories (``<topic>-<partition>``) and th
 At start-up the marker is read and removed (so a crash from then on is detected), and every
 partition is loaded, recovering it unless the shutdown was clean. The checkpoints are
 written by ``run_maintenance`` and whenever a log is created or deleted; and when a
-truncation moves a log's recovery point down (``Log.on_recovery_point_lowered``), its
+truncation moves a log's recovery point or high watermark down (``Log.on_offsets_lowered``), its
 directory's are written before the log can take another append: at once when no event loop
 runs in this thread, else by a callback at the loop's next turn, one for all the
 truncations of a turn (a follower's truncations come from a fetch answer, and its next
@@ -180,7 +180,7 @@ class LogManager:
                 clock=self._clock,
                 on_offline=self._on_log_offline,
             )
-            log.on_recovery_point_lowered = self._recovery_point_lowered
+            log.on_offsets_lowered = self._offsets_lowered
             self._logs[tp], self._log_dir[tp] = log, data_dir
         if clean:
             marker.unlink()
@@ -224,7 +224,7 @@ class LogManager:
             clock=self._clock,
             on_offline=self._on_log_offline,
         )
-        log.on_recovery_point_lowered = self._recovery_point_lowered
+        log.on_offsets_lowered = self._offsets_lowered
         self._logs[tp], self._log_dir[tp] = log, data_dir
         return log
 
@@ -328,9 +328,9 @@ class LogManager:
         if stats.clean_end_offset >= 0:
             self._clean_end[tp] = stats.clean_end_offset
 
-    def _recovery_point_lowered(self, log: Log) -> None:
-        """A truncation moved ``log``'s recovery point down: write its directory's
-        checkpoints before the log takes another append (module doc)."""
+    def _offsets_lowered(self, log: Log) -> None:
+        """A truncation moved ``log``'s recovery point or high watermark down: write its
+        directory's checkpoints before the log takes another append (module doc)."""
         data_dir = log.dir.parent
         try:
             loop = asyncio.get_running_loop()

@@ -1306,6 +1306,12 @@ class Simulation:
             broker.hw_checkpoint[pid] = partition.high_watermark
         self._timer(broker, self.now + self.config.hw_checkpoint_interval_ms, CHECKPOINT)
 
+    @staticmethod
+    def _checkpoint_log(broker: SimBroker, pid: int, log: Log) -> None:
+        """A truncation lowered ``log``'s recovery point or HW: checkpointed at once."""
+        broker.recovery_checkpoint[pid] = log.recovery_point
+        broker.hw_checkpoint[pid] = log.high_watermark
+
     # -- a broker: the follower's fetcher --------------------------------------------------
     def _fetch(self, broker: SimBroker, pid: int, gen: int) -> None:
         fetching = broker.fetching.get(pid)
@@ -1641,11 +1647,9 @@ class Simulation:
             high_watermark=broker.hw_checkpoint.get(pid),
             clock=lambda: BASE_MS + self.now,
         )
-        # As the log manager: a truncation's lower recovery point is checkpointed before the
-        # log takes another append.
-        log.on_recovery_point_lowered = lambda lowered: broker.recovery_checkpoint.__setitem__(
-            pid, lowered.recovery_point
-        )
+        # As the log manager: a truncation's lower recovery point or high watermark is
+        # checkpointed before the log takes another append.
+        log.on_offsets_lowered = lambda lowered: self._checkpoint_log(broker, pid, lowered)
         partition = Partition(
             TOPIC,
             TOPIC_ID,

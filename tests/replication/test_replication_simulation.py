@@ -104,7 +104,14 @@ SHAPES = {
 # and rolled again; a power loss then dropped the rolled segment's unflushed end, the
 # checkpoint still named the old recovery point, and the log failed to load ("segments are
 # missing"). A lowered recovery point is now checkpointed at once (storage/log.py).
-REGRESSION_SEEDS: dict[str, list[tuple[int, ...]]] = {"failovers": [(10451,)]}
+# Unclean 41290 (2026-11-24): a follower truncated below its high watermark after an
+# unclean election, appended the new leader's uncommitted batch and crashed before the next
+# periodic checkpoint; it restarted with the old HW checkpoint, clamped to its log end, so
+# calling that batch committed. A lowered HW is now checkpointed at once (storage/log.py).
+REGRESSION_SEEDS: dict[str, list[tuple[int, ...]]] = {
+    "failovers": [(10451,)],
+    "unclean": [(41290,)],
+}
 
 
 def _seed_chunks(shape: str, default_count: int) -> list[tuple[int, ...]]:

@@ -588,6 +588,32 @@ def test_a_truncation_checkpoints_its_lower_recovery_point_before_the_log_grows_
     reopened.shutdown()
 
 
+def test_a_truncation_below_the_high_watermark_checkpoints_the_lower_one(tmp_path: Path) -> None:
+    """Only after an unclean election does a follower truncate below its high watermark. It
+    then appends the new leader's batches, not committed yet, and crashes before the
+    periodic checkpoint: restarted with the old HW on disk (clamped to its log end) it
+    would call them committed. The lower HW is checkpointed before the log grows again.
+    Found by the replication simulation (seed 41290 of its unclean shape)."""
+    tp = TopicPartition("topic", 0)
+    manager = LogManager([tmp_path], CONFIG, clock=FakeClock())
+    manager.startup()
+    log = manager.get_or_create_log(tp)
+    written = append_batches(log, 4)
+    log.update_high_watermark(written[-1].next)  # all four committed under the old leader
+    manager.checkpoint(tmp_path)  # the HW on disk: the end of all four
+    assert log.recovery_point < written[1].base  # nothing flushed: only the HW is lowered
+    log.truncate_to(written[1].base)  # no event loop here: checkpointed at once
+    append_batches(log, 2)  # the new leader's, not committed
+    log.abandon()  # the process died: no clean-shutdown marker
+    manager.release_locks()
+    reopened = LogManager([tmp_path], CONFIG, clock=FakeClock())
+    reopened.startup()
+    found = reopened.get_log(tp)
+    assert found is not None
+    assert found.high_watermark == written[1].base
+    reopened.shutdown()
+
+
 def _checkpointed_recovery_point(data_dir: Path) -> int:
     (point,) = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read().values()
     return point
