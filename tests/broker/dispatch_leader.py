@@ -23,6 +23,7 @@ from broker.replica_manager import ReplicaManager
 from broker.server import ConnectionInfo
 from controller import records as rec
 from controller.image import MetadataDelta, MetadataImage
+from controller.records import MetadataRecord
 from replication.partition import Partition
 from storage.config import LogConfig
 from storage.log_manager import LogManager
@@ -98,6 +99,14 @@ class DispatchLeader:
         )
         self.dispatcher = KafkaDispatcher(self.context)
         self.correlation_id = 0
+
+    def change(self, *records: MetadataRecord) -> None:
+        """Replay controller records into the image, and apply it as the broker would."""
+        delta = MetadataDelta(self.image)
+        for i, record in enumerate(records):
+            delta.replay(record, self.image.offset + 1 + i)
+        self.image = delta.apply()
+        self.replicas.apply(self.image)
 
     def _propose(self, partition: Partition, isr: tuple[int, ...]) -> bool:
         self.proposals.append((partition.key, isr))

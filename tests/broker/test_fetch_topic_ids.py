@@ -18,8 +18,6 @@ from dispatch_leader import FOLLOWER, ME, TOPIC_ID, DispatchLeader, values
 
 from broker.protocol import ApiKey, ErrorCode
 from controller import records as rec
-from controller.image import MetadataDelta
-from controller.records import MetadataRecord
 
 ORDERS = uuid.UUID(bytes=TOPIC_ID)
 UNKNOWN = uuid.UUID(bytes=bytes(range(200, 216)))
@@ -32,14 +30,6 @@ def leader(tmp_path: Path) -> Iterator[DispatchLeader]:
     made = DispatchLeader(tmp_path / "data", partitions=2)
     yield made
     made.logs.shutdown()
-
-
-def _change(leader: DispatchLeader, *records: MetadataRecord) -> None:
-    delta = MetadataDelta(leader.image)
-    for i, record in enumerate(records):
-        delta.replay(record, leader.image.offset + 1 + i)
-    leader.image = delta.apply()
-    leader.replicas.apply(leader.image)
 
 
 def _body(
@@ -146,8 +136,7 @@ def test_a_topic_created_again_under_its_name_while_a_fetch_waits_is_an_unknown_
         waiting = asyncio.ensure_future(reply)
         await asyncio.sleep(0.05)
         assert not waiting.done()
-        _change(
-            leader,
+        leader.change(
             rec.remove_topic(TOPIC_ID),
             rec.topic("orders", RECREATED_ID),
             rec.partition(RECREATED_ID, 0, [ME], [ME], leader=ME),
@@ -202,7 +191,7 @@ def test_a_v15_follower_names_itself_in_replica_state(leader: DispatchLeader) ->
 
 
 def test_a_v16_answer_lists_the_current_leaders_it_names(leader: DispatchLeader) -> None:
-    _change(leader, rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
+    leader.change(rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
     epoch = leader.image.topic_by_name("orders").partitions[0].leader_epoch
     answer = leader.send(ApiKey.FETCH, 16, _body({ORDERS: {0: 0, 1: 0}}))
     got = _partitions(answer)
@@ -220,8 +209,7 @@ def test_a_v16_answer_lists_no_fenced_leader_and_none_when_all_is_well(
 ) -> None:
     plain = leader.send(ApiKey.FETCH, 16, _body({ORDERS: {0: 0}}))
     assert _endpoints(plain) == []
-    _change(
-        leader,
+    leader.change(
         rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER),
         rec.fence_broker(FOLLOWER, 0),
     )

@@ -19,8 +19,6 @@ from support import make_batch
 
 from broker.protocol import ApiKey, ErrorCode
 from controller import records as rec
-from controller.image import MetadataDelta
-from controller.records import MetadataRecord
 
 THEIRS_ID = bytes(range(100, 116))
 
@@ -30,14 +28,6 @@ def leader(tmp_path: Path) -> Iterator[DispatchLeader]:
     made = DispatchLeader(tmp_path / "data", partitions=2)
     yield made
     made.logs.shutdown()
-
-
-def _change(leader: DispatchLeader, *records: MetadataRecord) -> None:
-    delta = MetadataDelta(leader.image)
-    for i, record in enumerate(records):
-        delta.replay(record, leader.image.offset + 1 + i)
-    leader.image = delta.apply()
-    leader.replicas.apply(leader.image)
 
 
 def _request(named: dict[str, list[int]], *, acks: int = 1) -> dict[str, Any]:
@@ -70,7 +60,7 @@ def _hint(partition: Any) -> tuple[int, int, int]:
 
 
 def test_a_moved_partition_names_its_new_leader_and_its_address(leader: DispatchLeader) -> None:
-    _change(leader, rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
+    leader.change(rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
     epoch = leader.image.topic_by_name("orders").partitions[0].leader_epoch
     answer = leader.send(ApiKey.PRODUCE, 10, _request({"orders": [0, 1]}))
     got = _partitions(answer)
@@ -84,8 +74,7 @@ def test_a_moved_partition_names_its_new_leader_and_its_address(leader: Dispatch
 
 
 def test_a_partition_with_no_replica_here_names_its_leader(leader: DispatchLeader) -> None:
-    _change(
-        leader,
+    leader.change(
         rec.topic("theirs", THEIRS_ID),
         rec.partition(THEIRS_ID, 0, [FOLLOWER], [FOLLOWER], leader=FOLLOWER),
     )
@@ -98,8 +87,7 @@ def test_a_partition_with_no_replica_here_names_its_leader(leader: DispatchLeade
 
 def test_a_fenced_leader_is_named_without_an_address(leader: DispatchLeader) -> None:
     """Metadata leaves fenced brokers out, so the hint's addresses do too."""
-    _change(
-        leader,
+    leader.change(
         rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER),
         rec.fence_broker(FOLLOWER, 0),
     )
@@ -120,7 +108,7 @@ def test_a_waiting_acks_all_write_that_loses_leadership_names_the_new_leader(
         )
         await asyncio.sleep(0.05)
         assert not reply.done()
-        _change(leader, rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
+        leader.change(rec.partition_change(TOPIC_ID, 0, leader=FOLLOWER))
         answer = await asyncio.wait_for(reply, 5)
         epoch = leader.image.topic_by_name("orders").partitions[0].leader_epoch
         got = _partitions(answer)[("orders", 0)]
