@@ -66,14 +66,13 @@ from controller.image import TOPIC_ID_BYTES, MetadataImage, TopicImage
 from controller.outcome import DecisionError, Outcome
 from controller.placement import BrokerSlot, PlacementError, place_replicas
 from controller.records import ConfigResourceType, MetadataRecord
-from controller.topic_names import MAX_TOPIC_NAME_CHARS, check_topic_name, topic_name_problem
+from controller.topic_names import check_topic_name
 from proto import controller_pb2 as cpb
 from storage.config import LogConfig
 from storage.errors import invariant
 
 __all__ = [
     "DUPLICATE_NAME",
-    "MAX_TOPIC_NAME_CHARS",
     "METADATA_TOPIC",
     "METADATA_TOPIC_PROHIBITED",
     "TOO_MANY_PARTITIONS",
@@ -81,8 +80,6 @@ __all__ = [
     "TopicDefaults",
     "TopicLimits",
     "alive_broker_slots",
-    "check_topic_name",
-    "topic_name_problem",
     "create_partitions",
     "create_topics",
     "delete_topics",

@@ -46,7 +46,8 @@ from controller.client import ControllerUnavailable
 from controller.configs import broker_id_of, canonical_value, stored_resource_name
 from controller.image import MetadataImage
 from controller.records import ConfigResourceType
-from controller.topics import repeated, topic_name_problem
+from controller.topic_names import topic_name_problem
+from controller.topics import repeated
 from proto import controller_pb2 as cpb
 
 __all__ = ["alter_configs", "describe_configs", "incremental_alter_configs"]

@@ -32,7 +32,8 @@ from broker.handlers.common import Reply, broker_endpoint, topic_uuid
 from broker.protocol import API_SPECS, ApiKey, ErrorCode, RequestHeader
 from controller.client import ControllerUnavailable
 from controller.image import NO_LEADER, MetadataImage, PartitionState
-from controller.topics import METADATA_TOPIC, topic_name_problem
+from controller.topic_names import topic_name_problem
+from controller.topics import METADATA_TOPIC
 from proto import controller_pb2 as cpb
 
 __all__ = ["api_versions", "describe_cluster", "metadata", "supported_api_versions"]

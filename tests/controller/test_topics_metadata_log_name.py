@@ -10,11 +10,11 @@ import pytest
 from test_topics import DEFAULTS, cluster, ids, topic
 
 from controller.outcome import DecisionError
+from controller.topic_names import check_topic_name
 from controller.topics import (
     DUPLICATE_NAME,
     TOO_MANY_PARTITIONS,
     TopicLimits,
-    check_topic_name,
     create_topics,
 )
 from proto import controller_pb2 as cpb
