@@ -99,8 +99,7 @@ class _Asked:
     """What a request asks, read once when it arrives (a long poll reads the same again)."""
 
     version: int
-    replica_id: int  # >= 0: a follower's fetch
-    session: SessionRequest
+    session: SessionRequest  # its replica_id >= 0: a follower's fetch
     # v13+: the id each topic name was asked by, and the partitions of ids the image lacks
     ids: dict[str, uuid.UUID] | None
     unknown_ids: list[tuple[uuid.UUID, int]]
@@ -155,7 +154,7 @@ def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
     if by_id and epoch == INITIAL_EPOCH:
         epoch = FINAL_EPOCH  # no session by ids: answered in full, session id 0 (module doc)
     session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten)
-    return _Asked(version, replica_id, session, ids, unknown_ids)
+    return _Asked(version, session, ids, unknown_ids)
 
 
 def _name_of(image: MetadataImage, topic_id: uuid.UUID, ids: dict[str, uuid.UUID]) -> str | None:
@@ -172,7 +171,7 @@ def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchCon
     ``_quiet_for``."""
     image = context.image()
     watching = False
-    replica_id = asked.replica_id
+    replica_id = asked.session.replica_id
     if isinstance(session, IncrementalFetch):
         if replica_id >= 0:
             session.skip_quiet(_quiet_for(context, replica_id))
