@@ -29,19 +29,19 @@ from broker.fetch_session import (
     FetchSessionCache,
     IncrementalFetch,
     News,
-    PartitionKey,
+    SessionKey,
     SessionLimits,
     SessionRequest,
     next_epoch,
 )
 
 REPLICA_ID = 2
-BUSY: PartitionKey = ("t", 0)
+BUSY: SessionKey = ("t", 0)
 POSITION = FetchPosition(10, 0, 0, 0, 1 << 20)
 NEWS = News(0, 10, 10, 0)
 
 
-def _quiet(key: PartitionKey, heard: Any, watch: Any) -> bool:
+def _quiet(key: SessionKey, heard: Any, watch: Any) -> bool:
     return key != BUSY
 
 

@@ -18,6 +18,11 @@ reads it and returns a context, one class per kind of fetch::
                                 INVALID_FETCH_SESSION_EPOCH. Answered with no partitions and
                                 session id 0; the client's next fetch is a full one
 
+A session opened by a fetch naming topics by id (Fetch v13+) holds its partitions by
+(topic id, partition) (``SessionKey``; the handler looks each id up when it reads), one
+opened by names by (name, partition); a request of the other kind naming the session is
+answered FETCH_SESSION_TOPIC_ID_ERROR (after the epoch check, as in Kafka).
+
 A session's epochs run 1, 2, ... 2**31-1, 1, ...: the full fetch that opens it is epoch 0,
 and each incremental request must carry the next. An incremental request that leaves its
 session empty closes it and is served as a sessionless fetch of what it names; a full fetch
@@ -69,6 +74,7 @@ loop owns it.
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +101,7 @@ __all__ = [
     "SessionAnswer",
     "SessionError",
     "SessionLimits",
+    "SessionKey",
     "SessionRequest",
     "Sessionless",
     "next_epoch",
@@ -116,6 +123,9 @@ DEFAULT_EXPIRY_MS = 120_000  # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS
 QUIET_RECHECK_MS = 1_000
 
 PartitionKey = tuple[str, int]  # (topic name, partition id)
+# A session's key of a partition: (topic name, partition id), or in a session by topic ids
+# (Fetch v13+) (topic id, partition id).
+SessionKey = tuple[str | uuid.UUID, int]
 
 
 def next_epoch(epoch: int) -> int:
@@ -141,8 +151,9 @@ class SessionRequest(NamedTuple):
     session_id: int
     epoch: int
     replica_id: int  # >= 0: a follower's fetch
-    partitions: dict[PartitionKey, FetchPosition]  # named, in request order
-    forgotten: Sequence[PartitionKey] = ()
+    partitions: dict[SessionKey, FetchPosition]  # named, in request order
+    forgotten: Sequence[SessionKey] = ()
+    by_ids: bool = False  # topics named by id (v13+): the keys hold topic ids
 
 
 class News(NamedTuple):
@@ -213,7 +224,7 @@ class _Watch:
 
     __slots__ = ("ended_ms", "key", "session")
 
-    def __init__(self, session: _Session, key: PartitionKey) -> None:
+    def __init__(self, session: _Session, key: SessionKey) -> None:
         self.session = session
         self.key = key
         self.ended_ms: int | None = None
@@ -243,24 +254,25 @@ class _Session:
     replica_id: int
     epoch: int  # the epoch the next incremental request must carry
     last_used_ms: int
-    partitions: dict[PartitionKey, _Cached] = field(default_factory=dict)
+    by_ids: bool  # opened by a fetch naming topics by id: its keys hold topic ids
+    partitions: dict[SessionKey, _Cached] = field(default_factory=dict)
     # A follower's session: the partitions it watches as quiet, skipped by its fetches
     # (``IncrementalFetch.skip_quiet``), and since when none was looked at afresh.
-    quiet: dict[PartitionKey, _Watch] = field(default_factory=dict)
+    quiet: dict[SessionKey, _Watch] = field(default_factory=dict)
     quiet_since_ms: int = 0
     # The others (every key of ``partitions`` is in one of the two), in the order fetches
     # read them: a fetch walks these alone, so it costs what changed, not the session's size.
-    unwatched: dict[PartitionKey, None] = field(default_factory=dict)
+    unwatched: dict[SessionKey, None] = field(default_factory=dict)
     # While a fetch of the session is parked: feeds it as ``FetchPurgatory.notify`` would
     # (bytes appended to a watched partition; -1: a leadership change).
-    poke: Callable[[PartitionKey, int], None] | None = None
+    poke: Callable[[SessionKey, int], None] | None = None
 
     @property
     def privileged(self) -> bool:
         return self.replica_id >= 0
 
     def update(
-        self, named: dict[PartitionKey, FetchPosition], forgotten: Iterable[PartitionKey]
+        self, named: dict[SessionKey, FetchPosition], forgotten: Iterable[SessionKey]
     ) -> None:
         """Kafka's order: add or update what is named, then remove what is forgotten. Named
         or forgotten partitions are no longer watched (a new position is read afresh)."""
@@ -286,7 +298,7 @@ class _Session:
                     watch.end()
                 unwatched.pop(key, None)
 
-    def unwatch(self, key: PartitionKey) -> None:
+    def unwatch(self, key: SessionKey) -> None:
         watch = self.quiet.pop(key, None)
         if watch is not None:
             watch.end()
@@ -304,7 +316,7 @@ class SessionError:
 
     def __init__(self, error_code: int) -> None:
         self.error_code = error_code
-        self.partitions: list[tuple[PartitionKey, FetchPosition]] = []
+        self.partitions: list[tuple[SessionKey, FetchPosition]] = []
 
     def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
         return SessionAnswer(self.error_code, NO_SESSION, ())
@@ -315,7 +327,7 @@ class Sessionless:
 
     error_code = ErrorCode.NONE
 
-    def __init__(self, partitions: dict[PartitionKey, FetchPosition]) -> None:
+    def __init__(self, partitions: dict[SessionKey, FetchPosition]) -> None:
         self.partitions = list(partitions.items())
 
     def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
@@ -330,11 +342,14 @@ class FullFetch:
     def __init__(self, cache: FetchSessionCache, request: SessionRequest) -> None:
         self.cache = cache
         self.replica_id = request.replica_id
+        self.by_ids = request.by_ids
         self.partitions = list(request.partitions.items())
 
     def finish(self, news: Sequence[News], now_ms: int) -> SessionAnswer:
         invariant(len(news) == len(self.partitions), "one answer per partition")
-        session_id = self.cache.open(self.replica_id, self.partitions, news, now_ms)
+        session_id = self.cache.open(
+            self.replica_id, self.partitions, news, now_ms, by_ids=self.by_ids
+        )
         return SessionAnswer(ErrorCode.NONE, session_id, (True,) * len(news))
 
 
@@ -348,29 +363,29 @@ class IncrementalFetch:
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.epoch = session.epoch  # the session's epoch once this request is taken
-        self._partitions: list[tuple[PartitionKey, FetchPosition]] | None = None
-        self._keys: list[PartitionKey] | None = None
-        self._poke: Callable[[PartitionKey, int], None] | None = None
+        self._partitions: list[tuple[SessionKey, FetchPosition]] | None = None
+        self._keys: list[SessionKey] | None = None
+        self._poke: Callable[[SessionKey, int], None] | None = None
 
     @property
-    def partitions(self) -> list[tuple[PartitionKey, FetchPosition]]:
+    def partitions(self) -> list[tuple[SessionKey, FetchPosition]]:
         """What to read: the whole session, or what ``skip_quiet`` left of it."""
         if self._partitions is None:
             self._partitions = [(key, c.position) for key, c in self.session.partitions.items()]
         return self._partitions
 
     @property
-    def keys(self) -> list[PartitionKey]:
+    def keys(self) -> list[SessionKey]:
         """What a long poll waits on by key: the partitions read."""
         if self._keys is None:
             self._keys = [key for key, _ in self.partitions]
         return self._keys
 
-    def holds(self, key: PartitionKey) -> bool:
+    def holds(self, key: SessionKey) -> bool:
         """Whether ``key`` is in the session (read by this request or watched as quiet)."""
         return key in self.session.partitions
 
-    def skip_quiet(self, quiet: Callable[[PartitionKey, _Cached, _Watch], bool]) -> None:
+    def skip_quiet(self, quiet: Callable[[SessionKey, _Cached, _Watch], bool]) -> None:
         """Read, answer and wait on only the partitions the session does not watch and for
         which ``quiet`` (given each one's request, what the client last heard, and a watch
         to start) says False. A True must mean the partition has no news, ``quiet`` did
@@ -397,7 +412,7 @@ class IncrementalFetch:
         """Whether partitions of the session are watched: a long poll waits on them too."""
         return bool(self.session.quiet)
 
-    def parked(self, poke: Callable[[PartitionKey, int], None] | None) -> None:
+    def parked(self, poke: Callable[[SessionKey, int], None] | None) -> None:
         """While this fetch is parked, ``poke`` hears of the session's watched partitions
         (``_Watch.disturbed``); None when it is no longer parked. A later fetch of the
         session that parks takes over."""
@@ -489,6 +504,8 @@ class FetchSessionCache:
             return SessionError(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
         if session.epoch != request.epoch:
             return SessionError(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+        if session.by_ids != request.by_ids:  # Kafka's rule: a session keeps its kind of key
+            return SessionError(ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR)
         lane = self._lanes[session.privileged]
         before = len(session.partitions)
         session.update(request.partitions, request.forgotten)
@@ -511,16 +528,19 @@ class FetchSessionCache:
     def open(
         self,
         replica_id: int,
-        partitions: Sequence[tuple[PartitionKey, FetchPosition]],
+        partitions: Sequence[tuple[SessionKey, FetchPosition]],
         news: Sequence[News],
         now_ms: int,
+        *,
+        by_ids: bool = False,
     ) -> int:
         """A new session of ``partitions``, whose client has just heard ``news``: its id,
-        or NO_SESSION if it does not fit (module doc: bounds)."""
+        or NO_SESSION if it does not fit (module doc: bounds). ``by_ids``: its keys hold
+        topic ids, and only requests naming topics by id may go on with it."""
         privileged = replica_id >= 0
         if not partitions or not self._make_room(privileged, len(partitions)):
             return NO_SESSION
-        session = _Session(self._unused_id(), replica_id, next_epoch(INITIAL_EPOCH), now_ms)
+        session = _Session(self._unused_id(), replica_id, next_epoch(INITIAL_EPOCH), now_ms, by_ids)
         for (key, position), said in zip(partitions, news, strict=True):
             cached = _Cached(position)
             cached.heard(said)

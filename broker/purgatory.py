@@ -70,7 +70,7 @@ class _Waiter:
         future: asyncio.Future[WakeReason],
         keys: Sequence[Key],
         min_bytes: int,
-        poke: Callable[[Callable[[Key, int], None] | None], None] | None,
+        poke: Callable[[Callable[[object, int], None] | None], None] | None,
         owner: int | None,
     ):
         self.future = future
@@ -85,7 +85,7 @@ class _Waiter:
         if not self.future.done():
             self.future.set_result(reason)
 
-    def feed(self, key: Key, bytes_appended: int) -> None:
+    def feed(self, key: object, bytes_appended: int) -> None:
         """``bytes_appended`` became readable on ``key`` (-1: it changed leader)."""
         if bytes_appended < 0:
             self.wake(WakeReason.LEADERSHIP)
@@ -120,7 +120,7 @@ class FetchPurgatory:
         keys: Sequence[Key],
         min_bytes: int,
         timeout_ms: int,
-        poke: Callable[[Callable[[Key, int], None] | None], None] | None = None,
+        poke: Callable[[Callable[[object, int], None] | None], None] | None = None,
         owner: int | None = None,
     ) -> asyncio.Future[WakeReason]:
         """A future, registered now, done once ``min_bytes`` have become readable across

@@ -32,20 +32,21 @@ a wrong epoch) is answered at the top level with no partitions.
 read_committed reads to the last stable offset, which equals the high watermark: runnel has
 no transactions.
 
-Versions 13-16 (KIP-516, -903, -951). From v13 a fetch names its topics by id: each id is
-looked up in the broker's image when the request arrives, a partition of an id the image does
-not have is answered UNKNOWN_TOPIC_ID (at once, as any error), and one whose topic the image
-has under another id by the time it is read (deleted and created again meanwhile) too; the
-answer names topics by the ids asked. Such fetches get no session (``_asked``): one asking to
-open a session is answered in full with session id 0, so its client goes on fetching in
-full, and an incremental one is refused (FETCH_SESSION_TOPIC_ID_ERROR, the code Kafka gives a
-session whose use of ids changed; FETCH_SESSION_ID_NOT_FOUND for an unknown session), because
-sessions hold partitions by name. librdkafka, the client that asks for these versions, does
-not use sessions; runnel's own followers fetch with v12. From v15 a follower's id is in
-``replica_state`` (its broker epoch there is not checked: KIP-903 is not implemented, as
-v14 and below carry none). From v16 an answer that names partitions' current leaders (errors
-NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``,
-as Metadata would, so the client can move without asking Metadata (KIP-951).
+Versions 13-16 (KIP-516, -903, -951). From v13 a fetch names its topics by id, and its
+session (if any) holds partitions by (topic id, partition): each id is looked up in the
+broker's image whenever the partition is read, so a partition of an id the image does not
+have is answered UNKNOWN_TOPIC_ID (at once, as any error) and stays in the session,
+answered so at every fetch, until the image has that topic (the client may have heard of a
+new topic first) or the client forgets it; a topic deleted and created again under its name
+is another id, so the old id's partitions are UNKNOWN_TOPIC_ID from then on and never get
+the new topic's records, not even when the deletion comes while a fetch waits. The answer
+names topics by the ids asked. A session keeps the kind of names it was opened with:
+continuing a session by names with ids, or the reverse, is FETCH_SESSION_TOPIC_ID_ERROR
+(Kafka's rule). From v15 a follower's id is in ``replica_state`` (its broker epoch there
+is not checked: KIP-903 is not implemented; runnel's own followers fetch with v12). From
+v16 an answer that names partitions' current leaders (errors NOT_LEADER_OR_FOLLOWER and
+FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``, as Metadata would, so the
+client can move without asking Metadata (KIP-951).
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ from broker.awaited_followers import SHORT_POLL_MS
 from broker.context import BrokerContext
 from broker.fetch_session import (
     FINAL_EPOCH,
-    INITIAL_EPOCH,
     NO_SESSION,
     FetchContext,
     FetchPosition,
     IncrementalFetch,
     News,
     PartitionKey,
+    SessionKey,
     SessionRequest,
 )
 from broker.handlers.common import (
@@ -99,15 +100,13 @@ class _Asked:
     """What a request asks, read once when it arrives (a long poll reads the same again)."""
 
     version: int
-    session: SessionRequest  # its replica_id >= 0: a follower's fetch
-    # v13+: the id each topic name was asked by, and the partitions of ids the image lacks
-    ids: dict[str, uuid.UUID] | None
-    unknown_ids: list[tuple[uuid.UUID, int]]
+    session: SessionRequest  # its replica_id >= 0: a follower's fetch; by_ids: v13+
 
 
 @dataclass(slots=True)
 class _Wanted:
-    key: PartitionKey
+    key: SessionKey  # (topic name or, by ids, topic id; partition)
+    name: PartitionKey | None  # by name; None: a topic id the image does not have
     position: FetchPosition
     replica: Partition | int  # the replica here, or the error code saying why none
 
@@ -122,48 +121,44 @@ class _Plan:
     watching: bool  # a follower's session watches quiet partitions: a long poll waits on them
 
 
-def _asked(image: MetadataImage, request: Any, version: int) -> _Asked:
-    """The request's partitions by name (v13+: by the names of the ids the image has)."""
-    by_id = version >= TOPIC_IDS_FROM
-    ids: dict[str, uuid.UUID] | None = {} if by_id else None
-    unknown_ids: list[tuple[uuid.UUID, int]] = []
-    partitions: dict[PartitionKey, FetchPosition] = {}
+def _asked(request: Any, version: int) -> _Asked:
+    """The request's partitions, by topic name (v13+: by topic id)."""
+    by_ids = version >= TOPIC_IDS_FROM
+    partitions: dict[SessionKey, FetchPosition] = {}
     for topic in request.topics:
-        name = topic.topic if ids is None else _name_of(image, topic.topic_id, ids)
+        named: str | uuid.UUID = topic.topic_id if by_ids else topic.topic
         for p in topic.partitions:
-            if name is None:
-                unknown_ids.append((topic.topic_id, p.partition))
-                continue
-            partitions[name, p.partition] = FetchPosition(
+            partitions[named, p.partition] = FetchPosition(
                 p.fetch_offset,
                 getattr(p, "last_fetched_epoch", -1),
                 getattr(p, "current_leader_epoch", -1),
                 getattr(p, "log_start_offset", -1),
                 p.partition_max_bytes,
             )
-    forgotten = []
+    forgotten: list[SessionKey] = []
     for topic in getattr(request, "forgotten_topics_data", None) or ():
-        name = topic.topic if ids is None else _name_of(image, topic.topic_id, ids)
-        if name is not None:
-            forgotten += [(name, index) for index in topic.partitions]
+        named = topic.topic_id if by_ids else topic.topic
+        forgotten += [(named, index) for index in topic.partitions]
     replica_id = (
         request.replica_state.replica_id if version >= REPLICA_STATE_FROM else request.replica_id
     )
     session_id = getattr(request, "session_id", NO_SESSION)
     epoch = getattr(request, "session_epoch", FINAL_EPOCH)
-    if by_id and epoch == INITIAL_EPOCH:
-        epoch = FINAL_EPOCH  # no session by ids: answered in full, session id 0 (module doc)
-    session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten)
-    return _Asked(version, session, ids, unknown_ids)
+    session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten, by_ids)
+    return _Asked(version, session)
 
 
-def _name_of(image: MetadataImage, topic_id: uuid.UUID, ids: dict[str, uuid.UUID]) -> str | None:
-    """The name of the topic ``topic_id`` in ``image`` (noted in ``ids``), None if unknown."""
-    found = image.topics.get(topic_id.bytes)
-    if found is None:
-        return None
-    ids[found.name] = topic_id
-    return found.name
+def _names(image: MetadataImage) -> Callable[[SessionKey], PartitionKey | None]:
+    """The partition named by a session key of a fetch by ids, by its topic's name in
+    ``image`` now (None: the image has no topic of that id, deleted or not known yet)."""
+    topics = image.topics
+
+    def name(key: SessionKey) -> PartitionKey | None:
+        topic_id = key[0]
+        found = topics.get(topic_id.bytes) if isinstance(topic_id, uuid.UUID) else None
+        return None if found is None else (found.name, key[1])
+
+    return name
 
 
 def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchContext) -> _Plan:
@@ -172,47 +167,49 @@ def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchCon
     image = context.image()
     watching = False
     replica_id = asked.session.replica_id
-    if isinstance(session, IncrementalFetch):
-        if replica_id >= 0:
-            session.skip_quiet(_quiet_for(context, replica_id))
-            watching = session.watching
-        keys = session.keys
+    name = _names(image) if asked.session.by_ids else None
+    if isinstance(session, IncrementalFetch) and replica_id >= 0:
+        session.skip_quiet(_quiet_for(context, replica_id, name))
+        watching = session.watching
+    wanted: list[_Wanted] = []
+    if name is None:
+        for key, position in session.partitions:
+            topic = key[0]
+            assert isinstance(topic, str)  # a session by names
+            found = lookup_partition(context, image, topic, key[1])
+            wanted.append(_Wanted(key, (topic, key[1]), position, found))
+        if isinstance(session, IncrementalFetch):
+            keys: list[PartitionKey] = session.keys  # type: ignore[assignment]
+        else:
+            keys = [w.name for w in wanted]  # type: ignore[misc]
     else:
-        keys = [key for key, _ in session.partitions]
-    if asked.ids is None:
-        wanted = [
-            _Wanted(key, position, lookup_partition(context, image, key[0], key[1]))
-            for key, position in session.partitions
-        ]
-    else:
-        wanted = [
-            _Wanted(key, position, _by_id(context, image, asked.ids, key))
-            for key, position in session.partitions
-        ]
+        for key, position in session.partitions:
+            named = name(key)
+            if named is None:
+                wanted.append(_Wanted(key, None, position, ErrorCode.UNKNOWN_TOPIC_ID))
+            else:
+                found = lookup_partition(context, image, named[0], named[1])
+                wanted.append(_Wanted(key, named, position, found))
+        keys = [w.name for w in wanted if w.name is not None]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     return _Plan(wanted, keys, max_bytes, replica_id, committed, watching)
 
 
-def _by_id(
-    context: BrokerContext, image: MetadataImage, ids: dict[str, uuid.UUID], key: PartitionKey
-) -> Partition | int:
-    """``lookup_partition`` for a fetch by ids: UNKNOWN_TOPIC_ID if the name is no longer
-    the asked id's topic in ``image``."""
-    found = image.topic_by_name(key[0])
-    if found is None or found.topic_id != ids[key[0]].bytes:
-        return ErrorCode.UNKNOWN_TOPIC_ID
-    return lookup_partition(context, image, key[0], key[1])
-
-
 def _quiet_for(
-    context: BrokerContext, replica_id: int
-) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
-    """``quiet_for_follower`` of each partition, as ``IncrementalFetch.skip_quiet`` asks."""
+    context: BrokerContext,
+    replica_id: int,
+    name: Callable[[SessionKey], PartitionKey | None] | None,
+) -> Callable[[SessionKey, Any, QuietWatch], bool]:
+    """``quiet_for_follower`` of each partition, as ``IncrementalFetch.skip_quiet`` asks
+    (``name``: a session by ids, whose keys it names)."""
     get, now_ms = context.replicas.get, context.replicas.clock_ms()
 
-    def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
-        replica = get(key[0], key[1])
+    def quiet(key: SessionKey, heard: Any, watch: QuietWatch) -> bool:
+        named = key if name is None else name(key)
+        if named is None:
+            return False
+        replica = get(named[0], named[1])  # type: ignore[arg-type]
         return replica is not None and quiet_for_follower(replica, replica_id, heard, watch, now_ms)
 
     return quiet
@@ -257,8 +254,8 @@ def _failed(index: int, code: int) -> dict[str, Any]:
 
 def _error(image: MetadataImage, w: _Wanted, code: int) -> dict[str, Any]:
     out = _failed(w.key[1], code)
-    if code in _LEADER_HINT_ERRORS:
-        leader = current_leader(image, *w.key)
+    if code in _LEADER_HINT_ERRORS and w.name is not None:
+        leader = current_leader(image, *w.name)
         if leader is not None:
             out["current_leader"] = leader
     return out
@@ -345,15 +342,12 @@ def _read_one(
 
 def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     clock_ms = context.replicas.clock_ms
-    asked = _asked(context.image(), request, header.api_version)
-    if asked.ids is not None and asked.session.epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
-        return _refused(_incremental_by_ids(context, asked.session.session_id), NO_SESSION)
+    asked = _asked(request, header.api_version)
     session = context.fetch_sessions.begin(asked.session, clock_ms())
     if session.error_code != ErrorCode.NONE:
         return _refused(session.error_code, NO_SESSION)
     plan = _plan(context, request, asked, session)
     answers, total, urgent = _read(plan, context.image(), clock_ms())
-    urgent = urgent or bool(asked.unknown_ids)
     wait_ms = min(request.max_wait_ms, context.settings.fetch_max_wait_ms)
     if plan.replica_id >= 0 and wait_ms > SHORT_POLL_MS and _awaited(context, plan, session):
         wait_ms = SHORT_POLL_MS
@@ -364,24 +358,24 @@ def fetch(context: BrokerContext, header: RequestHeader, request: Any) -> Reply:
     return _long_poll(context, request, asked, session, plan, parked)
 
 
-def _incremental_by_ids(context: BrokerContext, session_id: int) -> int:
-    """Why an incremental fetch by ids is refused (module doc): its session is unknown, or
-    it was opened by names."""
-    if context.fetch_sessions.epoch_of(session_id) is None:
-        return ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-    return ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR
-
-
 def _awaited(context: BrokerContext, plan: _Plan, session: FetchContext) -> bool:
     """Whether this follower is awaited for a partition its fetch does not hold."""
     if isinstance(session, IncrementalFetch):
-        return context.replicas.awaited.short_poll(plan.replica_id, session.holds)
-    named: set[PartitionKey] | None = None
+        if not session.session.by_ids:
+            return context.replicas.awaited.short_poll(plan.replica_id, session.holds)
+        image = context.image()
+
+        def held(key: PartitionKey) -> bool:  # by the topic's id now
+            found = image.topic_by_name(key[0])
+            return found is not None and session.holds((uuid.UUID(bytes=found.topic_id), key[1]))
+
+        return context.replicas.awaited.short_poll(plan.replica_id, held)
+    named: set[PartitionKey | None] | None = None
 
     def holds(key: PartitionKey) -> bool:
         nonlocal named
         if named is None:  # built only if this follower is awaited at all
-            named = {w.key for w in plan.wanted}
+            named = {w.name for w in plan.wanted}
         return key in named
 
     return context.replicas.awaited.short_poll(plan.replica_id, holds)
@@ -430,16 +424,14 @@ def _response(
     said = session.finish([_news(answer) for answer in answers], context.replicas.clock_ms())
     if said.error_code != ErrorCode.NONE:  # overtaken by the session's next request
         return _refused(said.error_code, said.session_id)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+    by_topic: dict[str | uuid.UUID, list[dict[str, Any]]] = {}
     for w, answer, include in zip(plan.wanted, answers, said.include, strict=True):
         if include:
             by_topic.setdefault(w.key[0], []).append(answer)
-    responses: list[dict[str, Any]]
-    if asked.ids is None:
-        responses = [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]
-    else:
-        responses = [{"topic_id": asked.ids[t], "partitions": ps} for t, ps in by_topic.items()]
-        responses += _unknown_ids(asked.unknown_ids)
+    field = "topic_id" if asked.session.by_ids else "topic"
+    responses: list[dict[str, Any]] = [
+        {field: t, "partitions": parts} for t, parts in by_topic.items()
+    ]
     body: dict[str, Any] = {
         "throttle_time_ms": 0,
         "error_code": ErrorCode.NONE,
@@ -457,14 +449,6 @@ def _response(
             context.image(), leaders, context.settings.listener_name
         )
     return body
-
-
-def _unknown_ids(unknown: list[tuple[uuid.UUID, int]]) -> list[dict[str, Any]]:
-    """The answers to partitions of topic ids the image did not have, by topic."""
-    by_id: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    for topic_id, index in unknown:
-        by_id.setdefault(topic_id, []).append(_failed(index, ErrorCode.UNKNOWN_TOPIC_ID))
-    return [{"topic_id": t, "partitions": parts} for t, parts in by_id.items()]
 
 
 def _refused(code: int, session_id: int) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from broker.fetch_session import (
     FetchSessionCache,
     IncrementalFetch,
     News,
-    PartitionKey,
+    SessionKey,
     SessionLimits,
     SessionRequest,
 )
@@ -414,11 +414,11 @@ class SessionSimulation(Simulation):
 
     def _quiet_for(
         self, broker: SimBroker, replica: int
-    ) -> Callable[[PartitionKey, Any, QuietWatch], bool]:
+    ) -> Callable[[SessionKey, Any, QuietWatch], bool]:
         """broker/handlers/fetch.py's rule (``quiet_for_follower``), on this broker's
         partitions at the virtual time."""
 
-        def quiet(key: PartitionKey, heard: Any, watch: QuietWatch) -> bool:
+        def quiet(key: SessionKey, heard: Any, watch: QuietWatch) -> bool:
             partition = broker.partitions.get(key[1])
             return partition is not None and quiet_for_follower(
                 partition, replica, heard, watch, self.now

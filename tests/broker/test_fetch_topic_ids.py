@@ -38,6 +38,8 @@ def _body(
     wait_ms: int = 0,
     session: tuple[int, int] = (0, -1),
     follower: int = -1,
+    forgotten: dict[uuid.UUID, list[int]] | None = None,
+    leader_epoch: int = -1,
 ) -> dict[str, Any]:
     """A consumer's fetch (or, from v15, a follower's) of topic id -> partition -> offset."""
     return {
@@ -55,7 +57,7 @@ def _body(
                 "partitions": [
                     {
                         "partition": p,
-                        "current_leader_epoch": -1,
+                        "current_leader_epoch": leader_epoch,
                         "fetch_offset": offset,
                         "last_fetched_epoch": -1,
                         "log_start_offset": -1,
@@ -66,7 +68,9 @@ def _body(
             }
             for topic_id, partitions in topics.items()
         ],
-        "forgotten_topics_data": [],
+        "forgotten_topics_data": [
+            {"topic_id": t, "partitions": ps} for t, ps in (forgotten or {}).items()
+        ],
         "rack_id": "",
     }
 
@@ -152,30 +156,157 @@ def test_a_topic_created_again_under_its_name_while_a_fetch_waits_is_an_unknown_
     asyncio.run(main())
 
 
-def test_fetches_by_id_open_no_session_and_incremental_ones_are_refused(
-    leader: DispatchLeader,
-) -> None:
-    opening = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(0, 0)))
-    assert (opening.error_code, opening.session_id) == (ErrorCode.NONE, 0)
-    assert leader.context.fetch_sessions.size == 0
-    assert _partitions(opening)[ORDERS, 0].error_code == ErrorCode.NONE
-    # a session opened by names (v12) cannot go on by ids
+def _incremental(leader: DispatchLeader, session: tuple[int, int], **kwargs: Any) -> Any:
+    """The session's next fetch by ids (v13), naming what ``kwargs`` give; the session's
+    next epoch in ``session[1]`` is for the caller to count."""
+    topics = kwargs.pop("topics", {})
+    answer = leader.send(ApiKey.FETCH, 13, _body(topics, session=session, **kwargs))
+    assert answer.error_code == ErrorCode.NONE
+    assert answer.session_id == session[0]
+    return answer
+
+
+async def _incremental_later(leader: DispatchLeader, session: tuple[int, int]) -> Any:
+    """``_incremental`` of nothing, long-polling up to 30 s."""
+    answer = await leader.send(ApiKey.FETCH, 13, _body({}, session=session, wait_ms=30_000))
+    assert (answer.error_code, answer.session_id) == (ErrorCode.NONE, session[0])
+    return answer
+
+
+def test_a_session_by_ids_answers_only_news_and_forgets_by_id(leader: DispatchLeader) -> None:
+    opening = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0, 1: 0}}, session=(0, 0)))
+    session_id = opening.session_id
+    assert (opening.error_code, session_id != 0) == (ErrorCode.NONE, True)
+    assert set(_partitions(opening)) == {(ORDERS, 0), (ORDERS, 1)}
+    assert leader.context.fetch_sessions.partitions == 2
+    # nothing changed: nothing answered; then a long poll woken by partition 1's commit
+    assert _partitions(_incremental(leader, (session_id, 1))) == {}
+
+    async def committed() -> Any:
+        parked = asyncio.ensure_future(_incremental_later(leader, (session_id, 2)))
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        leader.produce([b"a"], partition=1, acks=1)
+        _commit(leader, 1, 1)
+        return await asyncio.wait_for(parked, 5)
+
+    news = _partitions(asyncio.run(committed()))
+    assert list(news) == [(ORDERS, 1)]
+    assert (news[ORDERS, 1].high_watermark, values(news[ORDERS, 1].records)) == (1, [b"a"])
+    # forgotten by id: the session holds partition 0 alone
+    _incremental(leader, (session_id, 3), forgotten={ORDERS: [1]})
+    assert leader.context.fetch_sessions.partitions == 1
+
+
+def test_a_session_keeps_its_kind_of_topic_names(leader: DispatchLeader) -> None:
+    """Kafka's rule: a session opened by ids goes on by ids only, and one opened by names by
+    names only (FETCH_SESSION_TOPIC_ID_ERROR, the session kept); an unknown session is
+    FETCH_SESSION_ID_NOT_FOUND."""
+    by_ids = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(0, 0))).session_id
     by_name = leader.send(
         ApiKey.FETCH,
         12,
         leader.fetch_body({0: {"fetch_offset": 0}}, replica_id=-1, session_epoch=0),
+    ).session_id
+    assert 0 not in (by_ids, by_name)
+    on_names = leader.send(
+        ApiKey.FETCH,
+        12,
+        leader.fetch_body({}, replica_id=-1, session_id=by_ids, session_epoch=1),
     )
-    assert by_name.session_id != 0
-    on = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(by_name.session_id, 1)))
-    assert (on.error_code, on.responses) == (ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR, [])
+    assert (on_names.error_code, on_names.responses) == (ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR, [])
+    on_ids = leader.send(ApiKey.FETCH, 13, _body({}, session=(by_name, 1)))
+    assert (on_ids.error_code, on_ids.responses) == (ErrorCode.FETCH_SESSION_TOPIC_ID_ERROR, [])
     unknown = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(12345, 1)))
     assert unknown.error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-    # a full fetch by ids naming that session closes it, and opens none
-    closing = leader.send(
-        ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(by_name.session_id, 0))
+    assert leader.context.fetch_sessions.size == 2
+    _incremental(leader, (by_ids, 1))  # still there, at the epoch it had
+
+
+def test_an_unknown_id_stays_in_its_session_until_its_topic_is_known(
+    leader: DispatchLeader,
+) -> None:
+    """As in Kafka, a partition of an id this broker does not know yet (the client may have
+    heard of a new topic first) is kept in the session and answered UNKNOWN_TOPIC_ID, every
+    time, until the image has the topic: then it is read."""
+    opening = leader.send(
+        ApiKey.FETCH, 13, _body({ORDERS: {0: 0}, UNKNOWN: {0: 0}}, session=(0, 0))
     )
-    assert (closing.error_code, closing.session_id) == (ErrorCode.NONE, 0)
-    assert leader.context.fetch_sessions.size == 0
+    session_id = opening.session_id
+    assert _partitions(opening)[UNKNOWN, 0].error_code == ErrorCode.UNKNOWN_TOPIC_ID
+    again = _partitions(_incremental(leader, (session_id, 1)))
+    assert {k: p.error_code for k, p in again.items()} == {(UNKNOWN, 0): ErrorCode.UNKNOWN_TOPIC_ID}
+    leader.change(
+        rec.topic("later", UNKNOWN.bytes),
+        rec.partition(UNKNOWN.bytes, 0, [ME], [ME], leader=ME),
+    )
+    known = _partitions(_incremental(leader, (session_id, 2)))
+    assert {k: p.error_code for k, p in known.items()} == {(UNKNOWN, 0): ErrorCode.NONE}
+    assert known[UNKNOWN, 0].high_watermark == 0
+
+
+def test_a_topic_created_again_under_its_name_is_an_unknown_id_in_a_session(
+    leader: DispatchLeader,
+) -> None:
+    """The session holds the old id's partition: once "orders" is another topic, that
+    partition is UNKNOWN_TOPIC_ID (never the new topic's records); the client adds the new
+    id and forgets the old one in one request."""
+    session_id = leader.send(ApiKey.FETCH, 13, _body({ORDERS: {0: 0}}, session=(0, 0))).session_id
+    recreated = uuid.UUID(bytes=RECREATED_ID)
+    leader.change(
+        rec.remove_topic(TOPIC_ID),
+        rec.topic("orders", RECREATED_ID),
+        rec.partition(RECREATED_ID, 0, [ME], [ME], leader=ME),
+    )
+    assert leader.produce([b"new"], acks=1).responses[0].partition_responses[0].error_code == 0
+    old = _partitions(_incremental(leader, (session_id, 1)))
+    assert list(old) == [(ORDERS, 0)]
+    assert (old[ORDERS, 0].error_code, values(old[ORDERS, 0].records)) == (
+        ErrorCode.UNKNOWN_TOPIC_ID,
+        [],
+    )
+    moved = _incremental(
+        leader, (session_id, 2), topics={recreated: {0: 0}}, forgotten={ORDERS: [0]}
+    )
+    got = _partitions(moved)
+    assert list(got) == [(recreated, 0)]
+    assert (got[recreated, 0].error_code, values(got[recreated, 0].records)) == (
+        ErrorCode.NONE,
+        [b"new"],  # one replica: committed at once
+    )
+    assert leader.context.fetch_sessions.partitions == 1
+
+
+def test_a_v15_follower_s_session_by_ids_watches_quiet_partitions_and_wakes_on_appends(
+    leader: DispatchLeader,
+) -> None:
+    """A follower's session by ids works as one by names: partitions found quiet are
+    watched (its fetches skip them), a partition it holds is not awaited (no short poll),
+    and an append to one wakes the parked fetch, which answers that partition alone."""
+
+    def follower(session: tuple[int, int], wait_ms: int = 0) -> dict[str, Any]:
+        topics = {ORDERS: {0: 0, 1: 0}} if session[1] == 0 else {}
+        return _body(topics, session=session, follower=FOLLOWER, leader_epoch=0, wait_ms=wait_ms)
+
+    async def main() -> None:
+        session_id = leader.send(ApiKey.FETCH, 15, follower((0, 0))).session_id
+        assert session_id != 0
+        assert _partitions(leader.send(ApiKey.FETCH, 15, follower((session_id, 1)))) == {}
+        assert leader.context.fetch_sessions.watched == 2
+        # awaited for a partition its session holds: the fetch long-polls in full
+        leader.replicas.awaited.expect(("orders", 1), [FOLLOWER])
+        parked = asyncio.ensure_future(
+            leader.send(ApiKey.FETCH, 15, follower((session_id, 2), wait_ms=30_000))
+        )
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        assert len(leader.replicas.awaited) == 0
+        leader.produce([b"z"], partition=1, acks=1)
+        got = _partitions(await asyncio.wait_for(parked, 5))
+        assert list(got) == [(ORDERS, 1)]
+        assert values(got[ORDERS, 1].records) == [b"z"]
+
+    asyncio.run(main())
 
 
 def test_a_v15_follower_names_itself_in_replica_state(leader: DispatchLeader) -> None:
