@@ -13,7 +13,8 @@ How this works. A broker context over real partition logs in a temporary directo
            for a partition with one replica, handled over and over: the CPU per request
            (``process_time``: user and kernel, the kernel's part mostly the page-cache write).
   fetch    one batch produced to each of two partitions with three replicas, then a
-           follower's Fetch v12 of both from where it stopped (no session): the time of the
+           follower's Fetch v15 of both (by topic id, as runnel's followers fetch; v12 by
+           name before 2026-11-25) from where it stopped (no session): the time of the
            fetch's handling alone, per fetch (``perf_counter``; it reads no record bytes).
   raw      the baseline, in the same run: the least Python any broker spends on the same
            produce request (one ``unpack_from`` of its header fields, CRC-32C of the batch,
@@ -33,6 +34,7 @@ import os
 import shutil
 import struct
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -58,7 +60,9 @@ __all__ = ["main"]
 
 ME, FOLLOWER, OTHER = 1, 2, 3
 PRODUCE_TOPIC, FETCH_TOPIC = "produce", "fetch"
-PRODUCE_VERSION, FETCH_VERSION = 9, 12
+PRODUCE_VERSION = 9
+FETCH_VERSION = 15  # as runnel's followers fetch: topics by id, the epoch in replica_state
+FETCH_TOPIC_ID = b"f" * 16
 CONNECTION = ConnectionInfo("127.0.0.1:1", 1, "CLIENT")
 _RAW_HEAD = struct.Struct(">ihhi")  # size, api key, version, correlation id
 _RAW_ANSWER = struct.Struct(">iiq")  # size, correlation id, base offset
@@ -71,10 +75,10 @@ def _image() -> MetadataImage:
     records = [
         rec.register_broker(b, 0, bytes([b]) * 16, listeners[b], fenced=False) for b in listeners
     ]
-    records += [rec.topic(PRODUCE_TOPIC, b"p" * 16), rec.topic(FETCH_TOPIC, b"f" * 16)]
+    records += [rec.topic(PRODUCE_TOPIC, b"p" * 16), rec.topic(FETCH_TOPIC, FETCH_TOPIC_ID)]
     records.append(rec.partition(b"p" * 16, 0, [ME], [ME], leader=ME))
     replicas = [ME, FOLLOWER, OTHER]
-    records += [rec.partition(b"f" * 16, p, replicas, replicas, leader=ME) for p in (0, 1)]
+    records += [rec.partition(FETCH_TOPIC_ID, p, replicas, replicas, leader=ME) for p in (0, 1)]
     delta = MetadataDelta(MetadataImage.EMPTY)
     for offset, record in enumerate(records):
         delta.replay(record, offset)
@@ -124,7 +128,8 @@ def produce_frame(topic: str, partition: int, batch: bytes) -> memoryview:
 def fetch_frame(offsets: Sequence[int]) -> memoryview:
     """A follower's Fetch of "fetch" 0.. from ``offsets`` (no session, no wait)."""
     body = fetch_request(FETCH_TOPIC, offsets, 1 << 20, 0)
-    body["replica_id"] = FOLLOWER
+    body["replica_state"] = {"replica_id": FOLLOWER, "replica_epoch": 0}
+    body["topics"][0]["topic_id"] = uuid.UUID(bytes=FETCH_TOPIC_ID)
     return _frame(ApiKey.FETCH, FETCH_VERSION, body)
 
 

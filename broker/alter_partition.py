@@ -31,7 +31,10 @@ ISR, so what happens to an answer matters for safety (Kafka's rules):
   leader without the records the HW had committed (the replication simulation found it).
 
 A proposal is not sent (``propose`` returns False) when a member is unknown to the image, a
-joining member is fenced or in controlled shutdown (the controller would refuse it), the
+joining member is fenced or in controlled shutdown (the controller would refuse it) or its
+latest fetch said another broker epoch than the image's (KIP-903: a fetch of a previous
+incarnation, which may have had records the restarted broker lost; a fetch that says
+none, below v15, is taken as before), the
 partition is resting after a refusal, or ``max_pending`` proposals are outstanding.
 
 Concurrency: asyncio, the broker's event loop.
@@ -152,6 +155,9 @@ class AlterPartitionSender:
             joining = broker_id not in partition.isr
             if joining and (reg.fenced or reg.in_controlled_shutdown):
                 return None
+            fetched = partition.follower_broker_epoch(broker_id) if joining else -1
+            if fetched >= 0 and fetched != reg.broker_epoch:
+                return None  # KIP-903: its fetches came from another incarnation
             members.append(cpb.IsrMember(broker_id=broker_id, broker_epoch=reg.broker_epoch))
         return members
 

@@ -6,7 +6,10 @@ whenever a partition here becomes a follower, or its leader or leader epoch chan
 the partition under the ``ReplicaFetcher`` of its leader, starting that fetcher's task if it
 is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's loop:
 
-1. builds one Fetch v12 request with ``replica_id`` = this broker and, per partition, the
+1. builds one Fetch v15 request with ``replica_state`` = this broker's id and broker epoch
+   (KIP-903: the leader takes it into the ISR only as the incarnation its metadata names),
+   topics named by id (a topic created again under its name is another id: the partition
+   is named anew by it and the old id's forgotten) and, per partition, the
    fetch offset (its log end), the epoch of its last batch (``last_fetched_epoch``) and the
    leader epoch it follows (``current_leader_epoch``: the leader fences a stale one), within
    a fetch session (KIP-227, ``broker.fetch_session_client``): the first request is a full
@@ -32,16 +35,16 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    KIP-101/279) and the next fetch carries the new last epoch; OFFSET_OUT_OF_RANGE restarts
    at the leader's log start or truncates to its HW. An answer saying that the two brokers'
    metadata disagree (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
-   UNKNOWN_TOPIC_OR_PARTITION) rests the partition briefly: ``METADATA_REST_FIRST_S``,
-   doubling with each such answer in a row up to ``replica_fetch_backoff_ms``. If this broker
-   is the one behind, its metadata image brings the new leader or epoch and following anew
-   ends the rest; but after an election the new leader is often the one behind (by the
-   milliseconds until it applies the same record: it answers UNKNOWN_LEADER_EPOCH), and
-   nothing would end a full rest early, so acks=all writes to the new leader stalled for the
-   whole backoff (a second by default) in about a third of the benchmark's failovers. Any
-   other error and a storage error rest it for ``replica_fetch_backoff_ms``. While a
-   partition rests, a request waits at most until its rest ends (``max_wait_ms``), so a long
-   poll on the others does not keep it waiting.
+   UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID) rests the partition briefly:
+   ``METADATA_REST_FIRST_S``, doubling with each such answer in a row up to
+   ``replica_fetch_backoff_ms``. If this broker is the one behind, its metadata image brings
+   the new leader or epoch and following anew ends the rest; but after an election the new
+   leader is often the one behind (by the milliseconds until it applies the same record: it
+   answers UNKNOWN_LEADER_EPOCH), and nothing would end a full rest early, so acks=all
+   writes to the new leader stalled for the whole backoff (a second by default) in about a
+   third of the benchmark's failovers. Any other error and a storage error rest it for
+   ``replica_fetch_backoff_ms``. While a partition rests, a request waits at most until its
+   rest ends (``max_wait_ms``), so a long poll on the others does not keep it waiting.
 
 A session error in the answer (an unknown session, a wrong epoch) makes the next request a
 full one, sent at once; so does a connection error, which also closes the connection: the
@@ -61,6 +64,7 @@ import logging
 import math
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -89,7 +93,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-FETCH_VERSION = 12  # the first with last_fetched_epoch / diverging_epoch
+FETCH_VERSION = 15  # topics by id (13), this broker's epoch in replica_state (15)
 CONNECT_TIMEOUT_S = 5.0
 MIN_RECONNECT_BACKOFF_S = 0.05
 MAX_RECONNECT_BACKOFF_S = 1.0
@@ -107,10 +111,12 @@ _METADATA_ERRORS = frozenset(  # the leader and this broker disagree on the part
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )
 
 AddressOf = Callable[[int], tuple[str, int] | None]  # broker id -> its listener, if known
+BrokerEpoch = Callable[[], int]  # this broker's epoch from its registration (-1: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,7 @@ class FetcherConfig:
 class _Followed:
     partition: Partition
     leader_epoch: int  # the epoch it follows; an answer for another is dropped
+    topic_id: uuid.UUID  # what requests name its topic by
     # The requests built before this one followed the partition: an answer to any of them
     # is not for it (it was followed anew since).
     since: int = 0
@@ -248,10 +255,17 @@ class _Connection(asyncio.BufferedProtocol):
 class ReplicaFetcher:
     """Fetches the partitions this broker follows from one leader (module doc)."""
 
-    def __init__(self, leader_id: int, config: FetcherConfig, address_of: AddressOf) -> None:
+    def __init__(
+        self,
+        leader_id: int,
+        config: FetcherConfig,
+        address_of: AddressOf,
+        broker_epoch: BrokerEpoch = lambda: -1,
+    ) -> None:
         self.leader_id = leader_id
         self.config = config
         self.address_of = address_of
+        self.broker_epoch = broker_epoch
         self.followed: dict[PartitionKey, _Followed] = {}
         self.fetches = 0
         self.full_fetches = 0  # of ``fetches``: the full ones (opening a session)
@@ -266,6 +280,10 @@ class ReplicaFetcher:
         # changed, not how many partitions are followed.
         self._dirty: set[PartitionKey] = set()
         self._resting: dict[PartitionKey, float] = {}  # until when (monotonic seconds)
+        # The topic id the leader's session holds each partition by, and the reverse: an
+        # answer names (topic id, partition).
+        self._sent_ids: dict[PartitionKey, uuid.UUID] = {}
+        self._by_id: dict[tuple[uuid.UUID, int], PartitionKey] = {}
         self._requests = 0  # built so far
         self._wanted = asyncio.Event()
         self._connection: _Connection | None = None
@@ -274,7 +292,8 @@ class ReplicaFetcher:
 
     def add(self, partition: Partition) -> None:
         key = partition.key
-        self.followed[key] = _Followed(partition, partition.leader_epoch, self._requests)
+        topic_id = uuid.UUID(bytes=partition.topic_id)
+        self.followed[key] = _Followed(partition, partition.leader_epoch, topic_id, self._requests)
         self._resting.pop(key, None)
         self._dirty.add(key)
         self._wanted.set()
@@ -416,12 +435,19 @@ class ReplicaFetcher:
                 else:
                     changed[key] = read(f)
             request = self.session.build_changes(changed, gone)
+            sent_ids = self._sent_ids
+            for key, position in changed.items():
+                sent_id = sent_ids.get(key)
+                if sent_id is not None and sent_id != following[key].topic_id:
+                    # The topic was created again under its name: named anew by its new id
+                    # even where the position did not change (the old id's is forgotten).
+                    request.partitions.setdefault(key, position)
         self._dirty.clear()
-        topics: dict[str, list[dict[str, Any]]] = {}
-        for (topic, index), position in request.partitions.items():
-            topics.setdefault(topic, []).append(
+        topics, forgotten = self._by_topic_id(request.partitions, request.forgotten, request.full)
+        for key, position in request.partitions.items():
+            topics[following[key].topic_id].append(
                 {
-                    "partition": index,
+                    "partition": key[1],
                     "current_leader_epoch": position.current_leader_epoch,
                     "fetch_offset": position.fetch_offset,
                     "last_fetched_epoch": position.last_fetched_epoch,
@@ -429,28 +455,57 @@ class ReplicaFetcher:
                     "partition_max_bytes": position.max_bytes,
                 }
             )
-        forgotten: dict[str, list[int]] = {}
-        for topic, index in request.forgotten:
-            forgotten.setdefault(topic, []).append(index)
         wait_ms = config.fetch_wait_max_ms
         if resting:  # answer by the time a rest ends, so that the partition is fetched then
             wait_ms = max(0, min(wait_ms, math.ceil((min(resting.values()) - now) * 1000)))
         body = {
-            "replica_id": config.broker_id,
+            "replica_state": {"replica_id": config.broker_id, "replica_epoch": self.broker_epoch()},
             "max_wait_ms": wait_ms,
             "min_bytes": 1,
             "max_bytes": config.fetch_response_max_bytes,
             "isolation_level": 0,
             "session_id": request.session_id,
             "session_epoch": request.epoch,
-            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
-            "forgotten_topics_data": [{"topic": t, "partitions": i} for t, i in forgotten.items()],
+            "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+            "forgotten_topics_data": [
+                {"topic_id": t, "partitions": i} for t, i in forgotten.items()
+            ],
             "rack_id": "",
         }
         self.full_fetches += request.full
         timeout_s = (config.fetch_wait_max_ms + config.request_timeout_ms) / 1000
         async with asyncio.timeout(timeout_s):
             return await connection.request(ApiKey.FETCH, FETCH_VERSION, body)
+
+    def _by_topic_id(
+        self, named: dict[PartitionKey, FetchPosition], gone: list[PartitionKey], full: bool
+    ) -> tuple[dict[uuid.UUID, list[dict[str, Any]]], dict[uuid.UUID, list[int]]]:
+        """The request's topics by id (each to be filled with its partitions) and what it
+        forgets, by the ids the leader's session holds the partitions by: a partition whose
+        topic was created again under its name (another id) forgets the old id's partition
+        too, or the leader would answer that one UNKNOWN_TOPIC_ID at every fetch."""
+        sent, by_id, following = self._sent_ids, self._by_id, self.followed
+        if full:  # a new session: it holds what this request names, by these ids
+            sent.clear()
+            by_id.clear()
+        topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
+        forgotten: dict[uuid.UUID, list[int]] = {}
+        for key in gone:
+            old = sent.pop(key, None)
+            if old is not None:
+                del by_id[old, key[1]]
+                forgotten.setdefault(old, []).append(key[1])
+        for key in named:
+            topic_id = following[key].topic_id
+            old = sent.get(key)
+            if old != topic_id:
+                if old is not None:
+                    del by_id[old, key[1]]
+                    forgotten.setdefault(old, []).append(key[1])
+                sent[key] = topic_id
+                by_id[topic_id, key[1]] = key
+            topics.setdefault(topic_id, [])
+        return topics, forgotten
 
     def _position(self, followed: _Followed) -> FetchPosition:
         position = followed.position
@@ -481,9 +536,13 @@ class ReplicaFetcher:
             return
         if not response.responses:
             return  # no news anywhere (an idle session's usual answer)
+        by_id = self._by_id
         for topic in response.responses:
+            topic_id = topic.topic_id
             for answer in topic.partitions:
-                key = (topic.topic, answer.partition_index)
+                key = by_id.get((topic_id, answer.partition_index))
+                if key is None:
+                    continue  # forgotten since the request
                 followed = self.followed.get(key)
                 if followed is None or followed.since >= request or key in self._resting:
                     continue  # unfollowed, followed anew or resting since the request: dropped
@@ -580,9 +639,12 @@ class ReplicaFetcher:
 class ReplicaFetcherManager:
     """The fetchers of one broker, by leader (module doc)."""
 
-    def __init__(self, config: FetcherConfig, address_of: AddressOf) -> None:
+    def __init__(
+        self, config: FetcherConfig, address_of: AddressOf, broker_epoch: BrokerEpoch = lambda: -1
+    ) -> None:
         self.config = config
         self.address_of = address_of
+        self.broker_epoch = broker_epoch
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._leader_of: dict[PartitionKey, int] = {}
 
@@ -591,7 +653,9 @@ class ReplicaFetcherManager:
         self.unfollow(partition)
         fetcher = self.fetchers.get(leader)
         if fetcher is None:
-            fetcher = self.fetchers[leader] = ReplicaFetcher(leader, self.config, self.address_of)
+            fetcher = self.fetchers[leader] = ReplicaFetcher(
+                leader, self.config, self.address_of, self.broker_epoch
+            )
         fetcher.add(partition)
         self._leader_of[partition.key] = leader
 

@@ -127,6 +127,7 @@ class KafkaBroker:
                 largest_batch_bytes=server_config.socket_request_max_bytes,
             ),
             self._address_of,
+            broker_epoch,
         )
         self.replicas.propose_isr = self.alter_partition.propose
         self.replicas.on_follow = self.fetchers.follow

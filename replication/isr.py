@@ -39,6 +39,10 @@ class FollowerState:
     last_fetch_ms: int = -1
     last_fetch_leader_end: int = UNKNOWN_OFFSET  # the leader's LEO at that fetch
     last_caught_up_ms: int = -1
+    # The broker epoch its latest read fetch said it has (Fetch v15+, KIP-903; -1: not
+    # said): a fetch of a previous incarnation must not bring a restarted broker into the
+    # ISR, since the new one may have lost what the old one had.
+    broker_epoch: int = -1
 
 
 @dataclass(slots=True)

@@ -585,11 +585,14 @@ class Partition:
         current_leader_epoch: int,
         now_ms: int,
         min_one_batch: bool = True,
+        broker_epoch: int = -1,
     ) -> FollowerRead:
         """A follower's fetch: the diverging epoch if its last fetched epoch does not end at
         or after ``fetch_offset`` here (KIP-320: nothing read, its position not taken),
         else the batches from ``fetch_offset`` to the log end. The fetch offset is the
-        follower's log end: it may move the HW and let the follower join the ISR."""
+        follower's log end: it may move the HW and let the follower join the ISR, as the
+        incarnation of ``broker_epoch`` (what the fetch says, -1 if nothing; the proposal's
+        sender checks it against the metadata: ``follower_broker_epoch``)."""
         self._require_leader(current_leader_epoch)
         if self._quiet:
             self._quiet.pop(replica_id, None)  # read afresh: its session watches no more
@@ -621,6 +624,7 @@ class Partition:
         state = followers.followers[replica_id]
         moved = state.log_end_offset != fetch_offset
         followers.follower_fetched(replica_id, fetch_offset, log_end, now_ms)
+        state.broker_epoch = broker_epoch
         if moved:  # the HW depends on the followers' positions only
             self._maybe_advance_high_watermark()
         if (
@@ -632,6 +636,13 @@ class Partition:
         ):
             self._propose_isr((*self.isr, replica_id))
         return FollowerRead(data, None)
+
+    def follower_broker_epoch(self, replica_id: int) -> int:
+        """The broker epoch the latest fetch of follower ``replica_id`` read here said it
+        has (-1: it said none, or none was read in this leader epoch)."""
+        followers = self._followers
+        state = None if followers is None else followers.followers.get(replica_id)
+        return -1 if state is None else state.broker_epoch
 
     def diverging_epoch(
         self,

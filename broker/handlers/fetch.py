@@ -42,8 +42,10 @@ is another id, so the old id's partitions are UNKNOWN_TOPIC_ID from then on and 
 the new topic's records, not even when the deletion comes while a fetch waits. The answer
 names topics by the ids asked. A session keeps the kind of names it was opened with:
 continuing a session by names with ids, or the reverse, is FETCH_SESSION_TOPIC_ID_ERROR
-(Kafka's rule). From v15 a follower's id is in ``replica_state`` (its broker epoch there
-is not checked: KIP-903 is not implemented; runnel's own followers fetch with v12). From
+(Kafka's rule). From v15 a follower's id and broker epoch are in ``replica_state``: the
+epoch is noted with the follower's position, and the follower is proposed into the ISR only
+as the incarnation the metadata names (KIP-903, ``broker.alter_partition``); runnel's own
+followers fetch with v15. From
 v16 an answer that names partitions' current leaders (errors NOT_LEADER_OR_FOLLOWER and
 FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``, as Metadata would, so the
 client can move without asking Metadata (KIP-951).
@@ -101,6 +103,7 @@ class _Asked:
 
     version: int
     session: SessionRequest  # its replica_id >= 0: a follower's fetch; by_ids: v13+
+    replica_epoch: int  # v15+: the follower's broker epoch (-1: not said)
 
 
 @dataclass(slots=True)
@@ -117,6 +120,7 @@ class _Plan:
     keys: list[PartitionKey]  # what a long poll waits on, besides the session's watches
     max_bytes: int
     replica_id: int  # >= 0: a follower's fetch
+    replica_epoch: int  # the follower's broker epoch, if it said (v15+), else -1
     committed: bool
     watching: bool  # a follower's session watches quiet partitions: a long poll waits on them
 
@@ -139,13 +143,17 @@ def _asked(request: Any, version: int) -> _Asked:
     for topic in getattr(request, "forgotten_topics_data", None) or ():
         named = topic.topic_id if by_ids else topic.topic
         forgotten += [(named, index) for index in topic.partitions]
-    replica_id = (
-        request.replica_state.replica_id if version >= REPLICA_STATE_FROM else request.replica_id
-    )
+    if version >= REPLICA_STATE_FROM:
+        replica_id, replica_epoch = (
+            request.replica_state.replica_id,
+            request.replica_state.replica_epoch,
+        )
+    else:
+        replica_id, replica_epoch = request.replica_id, -1
     session_id = getattr(request, "session_id", NO_SESSION)
     epoch = getattr(request, "session_epoch", FINAL_EPOCH)
     session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten, by_ids)
-    return _Asked(version, session)
+    return _Asked(version, session, replica_epoch)
 
 
 def _names(image: MetadataImage) -> Callable[[SessionKey], PartitionKey | None]:
@@ -193,7 +201,7 @@ def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchCon
         keys = [w.name for w in wanted if w.name is not None]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    return _Plan(wanted, keys, max_bytes, replica_id, committed, watching)
+    return _Plan(wanted, keys, max_bytes, replica_id, asked.replica_epoch, committed, watching)
 
 
 def _quiet_for(
@@ -307,6 +315,7 @@ def _read_one(
             current_leader_epoch=position.current_leader_epoch,
             now_ms=now_ms,
             min_one_batch=first,
+            broker_epoch=plan.replica_epoch,
         )
         data, diverging = found.data, found.diverging
     else:

@@ -40,11 +40,12 @@ def _body(
     follower: int = -1,
     forgotten: dict[uuid.UUID, list[int]] | None = None,
     leader_epoch: int = -1,
+    broker_epoch: int = 0,
 ) -> dict[str, Any]:
     """A consumer's fetch (or, from v15, a follower's) of topic id -> partition -> offset."""
     return {
         "replica_id": follower,  # v14 and below
-        "replica_state": {"replica_id": follower, "replica_epoch": 0},  # v15 and above
+        "replica_state": {"replica_id": follower, "replica_epoch": broker_epoch},  # v15 and up
         "max_wait_ms": wait_ms,
         "min_bytes": 1,
         "max_bytes": 1 << 20,
@@ -310,15 +311,20 @@ def test_a_v15_follower_s_session_by_ids_watches_quiet_partitions_and_wakes_on_a
 
 
 def test_a_v15_follower_names_itself_in_replica_state(leader: DispatchLeader) -> None:
-    """Its fetch reads past the high watermark and moves it, as a v12 follower's does; a
-    consumer's (no replica_state) reads only below the high watermark."""
+    """Its fetch reads past the high watermark and moves it, as a v12 follower's does, and
+    its broker epoch is noted; a consumer's (no replica_state) reads only below the high
+    watermark."""
     leader.produce([b"x", b"y"], acks=1)
     consumer = leader.send(ApiKey.FETCH, 15, _body({ORDERS: {0: 0}}))
     assert values(_partitions(consumer)[ORDERS, 0].records) == []
     follower = leader.send(ApiKey.FETCH, 15, _body({ORDERS: {0: 0}}, follower=FOLLOWER))
     assert values(_partitions(follower)[ORDERS, 0].records) == [b"x", b"y"]
-    leader.send(ApiKey.FETCH, 15, _body({ORDERS: {0: 2}}, follower=FOLLOWER))
-    assert leader.replicas.get("orders", 0).high_watermark == 2
+    leader.send(ApiKey.FETCH, 15, _body({ORDERS: {0: 2}}, follower=FOLLOWER, broker_epoch=4))
+    replica = leader.replicas.get("orders", 0)
+    assert replica.high_watermark == 2
+    assert replica.follower_broker_epoch(FOLLOWER) == 4  # for an ISR change (KIP-903)
+    leader.send(ApiKey.FETCH, 12, leader.fetch_body({0: {"fetch_offset": 2}}))
+    assert replica.follower_broker_epoch(FOLLOWER) == -1  # v12 says none
 
 
 def test_a_v16_answer_lists_the_current_leaders_it_names(leader: DispatchLeader) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,12 @@ class _Answer:
     def __init__(self, partitions: list[Any]) -> None:
         self.error_code = ErrorCode.NONE
         self.session_id = SESSION
-        self.responses = [_Topic("orders", partitions)] if partitions else []
+        self.responses = [_Topic(uuid.UUID(bytes=TOPIC_ID), partitions)] if partitions else []
 
 
 class _Topic:
-    def __init__(self, topic: str, partitions: list[Any]) -> None:
-        self.topic, self.partitions = topic, partitions
+    def __init__(self, topic_id: uuid.UUID, partitions: list[Any]) -> None:
+        self.topic_id, self.partitions = topic_id, partitions
 
 
 class _PartitionAnswer:
@@ -76,7 +77,7 @@ def following(followers: list[Partition], config: FetcherConfig) -> ReplicaFetch
     """A fetcher from LEADER that follows ``followers`` at their current leader epochs."""
     fetcher = ReplicaFetcher(LEADER, config, lambda _: None)
     for p in followers:
-        fetcher.followed[p.key] = _Followed(p, p.leader_epoch)
+        fetcher.followed[p.key] = _Followed(p, p.leader_epoch, uuid.UUID(bytes=p.topic_id))
     return fetcher
 
 
@@ -192,7 +193,7 @@ def test_a_request_looks_only_at_what_changed_and_rests_are_forgotten_then_named
         # Followed anew while a request is out: the answer to that request is not for it.
         built = fetcher._requests
         fetcher.followed[followers[0].key] = _Followed(
-            followers[0], followers[0].leader_epoch, built
+            followers[0], followers[0].leader_epoch, uuid.UUID(bytes=TOPIC_ID), built
         )
         fetcher._handle(_Answer([_PartitionAnswer(0, make_batch([b"x"]), 1)]), built)
         assert followers[0].log.log_end_offset == 0
@@ -250,7 +251,13 @@ def test_a_metadata_disagreement_rests_briefly_doubling_and_other_errors_the_bac
         body = await fetch_once()
         assert body["max_wait_ms"] == config.fetch_wait_max_ms  # nothing rests
         rests = []
-        for code in [ErrorCode.UNKNOWN_LEADER_EPOCH] * 3 + [ErrorCode.NOT_LEADER_OR_FOLLOWER] * 2:
+        # UNKNOWN_TOPIC_ID: the leader has not applied a topic's creation (or this broker its
+        # deletion) yet; by ids, as UNKNOWN_TOPIC_OR_PARTITION by names
+        disagreements = [ErrorCode.UNKNOWN_LEADER_EPOCH] * 3 + [
+            ErrorCode.UNKNOWN_TOPIC_ID,
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ]
+        for code in disagreements:
             await fetch_once(code)
             rests.append(rest_s())
             body = await fetch_once()  # partition 0 alone, while 1 rests
@@ -356,3 +363,55 @@ def test_an_unexpected_error_in_a_fetch_is_logged_and_the_fetcher_goes_on(
 
     asyncio.run(main())
     assert any("not applied" in r.getMessage() for r in caplog.records)
+
+
+def test_requests_name_topics_by_id_with_this_broker_s_epoch_and_follow_a_recreated_topic(
+    followers: list[Partition], tmp_path: Path
+) -> None:
+    """Fetch v15: topics by id, this broker's epoch in replica_state (KIP-903). A topic
+    deleted and created again under its name while followed: the next request names the
+    partition by the new id and forgets the old id's (else the leader's session would
+    answer that one UNKNOWN_TOPIC_ID at every fetch); answers by the new id reach the new
+    partition."""
+    old_id, new_id = uuid.UUID(bytes=TOPIC_ID), uuid.UUID(bytes=bytes(range(50, 66)))
+
+    async def main() -> None:
+        fetcher = ReplicaFetcher(LEADER, FetcherConfig(broker_id=ME), lambda _: None, lambda: 9)
+        for p in followers:
+            fetcher.followed[p.key] = _Followed(p, p.leader_epoch, old_id)
+        connection = _Connection()
+
+        async def fetch_once() -> dict[str, Any]:
+            response = await fetcher._fetch(connection)
+            fetcher._handle(response, fetcher._requests)
+            return connection.bodies[-1]
+
+        body = await fetch_once()
+        assert body["replica_state"] == {"replica_id": ME, "replica_epoch": 9}
+        assert [t["topic_id"] for t in body["topics"]] == [old_id]
+        log = load_log(tmp_path / "orders-0-again", LogConfig(), clock=FakeClock())
+        again = Partition("orders", new_id.bytes, 0, log, local_broker_id=ME)
+        again.make_follower(
+            PartitionState(new_id.bytes, 0, (LEADER, ME), (LEADER, ME), LEADER, 0, 0)
+        )
+        fetcher.remove(again.key)
+        fetcher.followed[again.key] = _Followed(again, 0, new_id, fetcher._requests)
+        fetcher._dirty.add(again.key)
+        body = await fetch_once()
+        assert [
+            (t["topic_id"], [p["partition"] for p in t["partitions"]]) for t in body["topics"]
+        ] == [(new_id, [0])]
+        assert [(t["topic_id"], t["partitions"]) for t in body["forgotten_topics_data"]] == [
+            (old_id, [0])
+        ]
+        answer = _Answer([])
+        answer.responses = [
+            _Topic(old_id, [_PartitionAnswer(0, make_batch([b"old"]), 1)]),
+            _Topic(new_id, [_PartitionAnswer(0, make_batch([b"new"]), 1)]),
+        ]
+        connection.answer = answer
+        await fetch_once()
+        assert (again.log.log_end_offset, followers[0].log.log_end_offset) == (1, 0)
+        log.abandon()
+
+    asyncio.run(main())
