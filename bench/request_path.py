@@ -128,7 +128,8 @@ def produce_frame(topic: str, partition: int, batch: bytes) -> memoryview:
 def fetch_frame(offsets: Sequence[int]) -> memoryview:
     """A follower's Fetch of "fetch" 0.. from ``offsets`` (no session, no wait)."""
     body = fetch_request(FETCH_TOPIC, offsets, 1 << 20, 0)
-    body["replica_state"] = {"replica_id": FOLLOWER, "replica_epoch": 0}
+    body["replica_id"] = FOLLOWER  # up to v14
+    body["replica_state"] = {"replica_id": FOLLOWER, "replica_epoch": 0}  # v15 on
     body["topics"][0]["topic_id"] = uuid.UUID(bytes=FETCH_TOPIC_ID)
     return _frame(ApiKey.FETCH, FETCH_VERSION, body)
 

@@ -74,7 +74,6 @@ loop owns it.
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -124,8 +123,8 @@ QUIET_RECHECK_MS = 1_000
 
 PartitionKey = tuple[str, int]  # (topic name, partition id)
 # A session's key of a partition: (topic name, partition id), or in a session by topic ids
-# (Fetch v13+) (topic id, partition id).
-SessionKey = tuple[str | uuid.UUID, int]
+# (Fetch v13+) (topic id, partition id), the id as its 16 bytes (they hash faster).
+SessionKey = tuple[str | bytes, int]
 
 
 def next_epoch(epoch: int) -> int:

@@ -104,6 +104,7 @@ class _Asked:
     version: int
     session: SessionRequest  # its replica_id >= 0: a follower's fetch; by_ids: v13+
     replica_epoch: int  # v15+: the follower's broker epoch (-1: not said)
+    ids: dict[bytes, uuid.UUID]  # v13+: the topic ids the request names, by their bytes
 
 
 @dataclass(slots=True)
@@ -129,8 +130,14 @@ def _asked(request: Any, version: int) -> _Asked:
     """The request's partitions, by topic name (v13+: by topic id)."""
     by_ids = version >= TOPIC_IDS_FROM
     partitions: dict[SessionKey, FetchPosition] = {}
+    ids: dict[bytes, uuid.UUID] = {}
     for topic in request.topics:
-        named: str | uuid.UUID = topic.topic_id if by_ids else topic.topic
+        if by_ids:
+            topic_id = topic.topic_id
+            named: str | bytes = topic_id.bytes
+            ids[topic_id.bytes] = topic_id
+        else:
+            named = topic.topic
         for p in topic.partitions:
             partitions[named, p.partition] = FetchPosition(
                 p.fetch_offset,
@@ -141,7 +148,7 @@ def _asked(request: Any, version: int) -> _Asked:
             )
     forgotten: list[SessionKey] = []
     for topic in getattr(request, "forgotten_topics_data", None) or ():
-        named = topic.topic_id if by_ids else topic.topic
+        named = topic.topic_id.bytes if by_ids else topic.topic
         forgotten += [(named, index) for index in topic.partitions]
     if version >= REPLICA_STATE_FROM:
         replica_id, replica_epoch = (
@@ -153,7 +160,7 @@ def _asked(request: Any, version: int) -> _Asked:
     session_id = getattr(request, "session_id", NO_SESSION)
     epoch = getattr(request, "session_epoch", FINAL_EPOCH)
     session = SessionRequest(session_id, epoch, replica_id, partitions, forgotten, by_ids)
-    return _Asked(version, session, replica_epoch)
+    return _Asked(version, session, replica_epoch, ids)
 
 
 def _names(image: MetadataImage) -> Callable[[SessionKey], PartitionKey | None]:
@@ -163,7 +170,7 @@ def _names(image: MetadataImage) -> Callable[[SessionKey], PartitionKey | None]:
 
     def name(key: SessionKey) -> PartitionKey | None:
         topic_id = key[0]
-        found = topics.get(topic_id.bytes) if isinstance(topic_id, uuid.UUID) else None
+        found = topics.get(topic_id) if isinstance(topic_id, bytes) else None
         return None if found is None else (found.name, key[1])
 
     return name
@@ -376,7 +383,7 @@ def _awaited(context: BrokerContext, plan: _Plan, session: FetchContext) -> bool
 
         def held(key: PartitionKey) -> bool:  # by the topic's id now
             found = image.topic_by_name(key[0])
-            return found is not None and session.holds((uuid.UUID(bytes=found.topic_id), key[1]))
+            return found is not None and session.holds((found.topic_id, key[1]))
 
         return context.replicas.awaited.short_poll(plan.replica_id, held)
     named: set[PartitionKey | None] | None = None
@@ -433,14 +440,19 @@ def _response(
     said = session.finish([_news(answer) for answer in answers], context.replicas.clock_ms())
     if said.error_code != ErrorCode.NONE:  # overtaken by the session's next request
         return _refused(said.error_code, said.session_id)
-    by_topic: dict[str | uuid.UUID, list[dict[str, Any]]] = {}
+    by_topic: dict[str | bytes, list[dict[str, Any]]] = {}
     for w, answer, include in zip(plan.wanted, answers, said.include, strict=True):
         if include:
             by_topic.setdefault(w.key[0], []).append(answer)
-    field = "topic_id" if asked.session.by_ids else "topic"
-    responses: list[dict[str, Any]] = [
-        {field: t, "partitions": parts} for t, parts in by_topic.items()
-    ]
+    responses: list[dict[str, Any]]
+    if asked.session.by_ids:
+        ids = asked.ids  # the request's own, else (a session's partition not named) made anew
+        responses = [
+            {"topic_id": ids.get(t) or uuid.UUID(bytes=t), "partitions": ps}  # type: ignore[arg-type]
+            for t, ps in by_topic.items()
+        ]
+    else:
+        responses = [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]
     body: dict[str, Any] = {
         "throttle_time_ms": 0,
         "error_code": ErrorCode.NONE,
