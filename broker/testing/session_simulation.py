@@ -78,6 +78,7 @@ class SessionFetchReq(ExtensionPayload):
     epoch: int
     partitions: tuple[tuple[int, FetchPosition], ...]
     forgotten: tuple[int, ...]
+    broker_epoch: int = -1  # the follower's when it sent the fetch (Fetch v15)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +261,7 @@ class SessionSimulation(Simulation):
             request.epoch,
             tuple((key[1], position) for key, position in request.partitions.items()),
             tuple(key[1] for key in request.forgotten),
+            broker.broker_epoch,
         )
         self._send_from(broker, leader, fetch)
         timeout = self.config.fetch_wait_max_ms + self.config.request_timeout_ms
@@ -390,6 +392,7 @@ class SessionSimulation(Simulation):
             position.last_fetched_epoch,
             position.current_leader_epoch,
             position.max_bytes,
+            req.broker_epoch,
         )
         partition = broker.partitions.get(pid)
         if answer.error != NO_ERROR or partition is None:

@@ -12,8 +12,10 @@ seq, event)`` orders what happens, so running a seed twice gives the same run.
   (``make_leader`` / ``make_follower``); a follower keeps one fetch in flight to its leader,
   which answers from ``read_for_follower`` (long-polled until an append, a role change or
   ``fetch_wait_max_ms``), and applies the answer with ``apply_fetch_answer`` only while it
-  still follows the same leader at the same epoch; a leader proposes ISR changes
-  (AlterPartition, members' broker epochs from its own image), checks for lagging followers
+  still follows the same leader at the same epoch; a fetch says the follower's broker epoch
+  (Fetch v15's replica_state) and a leader proposes ISR changes (AlterPartition, members'
+  broker epochs from its own image; a joining follower only as the incarnation its latest
+  fetch said, KIP-903), checks for lagging followers
   every half ``replica_lag_time_max_ms`` and checkpoints its HW; every broker heartbeats.
   With ``fetch_sessions`` followers fetch in fetch sessions as the brokers do: that is
   ``broker.testing.SessionSimulation``, a layer above (it drives the broker's own session
@@ -575,6 +577,7 @@ class FetchReq:
     fetch_offset: int
     last_epoch: int
     leader_epoch: int
+    broker_epoch: int = -1  # the follower's when it sent the fetch (-1: not registered yet)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -1320,7 +1323,15 @@ class Simulation:
         offset, last_epoch = broker.partitions[pid].fetch_position()
         req_id = self._next_id()
         fetching.in_flight = req_id
-        request = FetchReq(pid, broker.broker_id, req_id, offset, last_epoch, fetching.leader_epoch)
+        request = FetchReq(
+            pid,
+            broker.broker_id,
+            req_id,
+            offset,
+            last_epoch,
+            fetching.leader_epoch,
+            broker.broker_epoch,
+        )
         self._send_from(broker, fetching.leader, request)
         timeout = self.config.fetch_wait_max_ms + self.config.request_timeout_ms
         self._timer(broker, self.now + timeout, FETCH_TIMEOUT, pid, req_id)
@@ -1400,6 +1411,7 @@ class Simulation:
         last_epoch: int,
         leader_epoch: int,
         max_bytes: int,
+        broker_epoch: int = -1,
     ) -> FetchResp:
         """broker/handlers/fetch.py's read of one partition for a follower (the error
         answer of a ReplicationError)."""
@@ -1414,6 +1426,7 @@ class Simulation:
                 last_fetched_epoch=last_epoch,
                 current_leader_epoch=leader_epoch,
                 now_ms=self.now,
+                broker_epoch=broker_epoch,
             )
         except ReplicationError as e:
             hw = start = -1
@@ -1437,6 +1450,7 @@ class Simulation:
             req.last_epoch,
             req.leader_epoch,
             self.config.fetch_max_bytes,
+            req.broker_epoch,
         )
         nothing = answer.error == NO_ERROR and not answer.records and answer.diverging is None
         if nothing and may_park:
@@ -1565,6 +1579,9 @@ class Simulation:
             reg = view.brokers.get(member)
             if reg is None or (reg.fenced and member not in partition.isr):
                 return None
+            fetched = partition.follower_broker_epoch(member) if member not in partition.isr else -1
+            if fetched >= 0 and fetched != reg.epoch:
+                return None  # KIP-903: its latest fetch came from another incarnation
             members.append((member, reg.epoch))
         return tuple(members)
 
