@@ -31,7 +31,14 @@ from broker.replica_manager import read_partition_metadata
 replication_cluster = rc.replication_cluster
 TOPIC = "reborn"
 SESSION_MS = 15_000
-LONG_SESSION = rc.with_settings(controller={"broker_session_timeout_ms": SESSION_MS})
+# No preferred-leader rebalancing: the away broker is the new topic's first replica, and a
+# rebalance moving leadership to it while "after" is produced failed that acks=all write on
+# the old leader after its append, and the (not idempotent) producer's retry appended it
+# again on the new one (HW 300, not 200; seen once, 2026-11-25): Kafka's at-least-once, not
+# what this test looks at.
+LONG_SESSION = rc.with_settings(
+    controller={"broker_session_timeout_ms": SESSION_MS, "auto_leader_rebalance_enable": "false"}
+)
 
 
 def produce(c: Any, values: list[str], per_batch: int = 100) -> None:
