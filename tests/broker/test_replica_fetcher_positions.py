@@ -21,7 +21,7 @@ from support import FakeClock, make_batch
 
 import broker.replica_fetcher as fetcher_module
 from broker.protocol import ErrorCode
-from broker.replica_fetcher import FetcherConfig, ReplicaFetcher, _Followed
+from broker.replica_fetcher import FetcherConfig, ReplicaFetcher, ReplicaFetcherManager, _Followed
 from controller.image import PartitionState
 from replication.partition import Partition
 from storage.config import LogConfig
@@ -413,5 +413,15 @@ def test_requests_name_topics_by_id_with_this_broker_s_epoch_and_follow_a_recrea
         await fetch_once()
         assert (again.log.log_end_offset, followers[0].log.log_end_offset) == (1, 0)
         log.abandon()
+
+    asyncio.run(main())
+
+
+def test_the_manager_s_fetchers_say_the_broker_s_epoch(followers: list[Partition]) -> None:
+    async def main() -> None:
+        manager = ReplicaFetcherManager(FetcherConfig(broker_id=ME), lambda _: None, lambda: 3)
+        manager.follow(followers[0])
+        assert manager.fetchers[LEADER].broker_epoch() == 3
+        await manager.close()
 
     asyncio.run(main())

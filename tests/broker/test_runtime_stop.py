@@ -140,3 +140,24 @@ def test_an_image_published_while_the_logs_load_is_applied(tmp_path: Path) -> No
             await broker.stop()
 
     asyncio.run(main())
+
+
+def test_the_follower_fetchers_say_this_broker_s_epoch(tmp_path: Path) -> None:
+    """KIP-903: the fetchers' requests carry the epoch the broker registered with (the
+    lifecycle's, read when each request is built), so the leaders can tell incarnations
+    apart."""
+    epoch = [5]
+    broker = KafkaBroker(
+        BrokerSettings(ME, "cluster", "CLIENT"),
+        ServerConfig(),
+        "127.0.0.1",
+        0,
+        LogManager([tmp_path / "data"], LogConfig()),
+        cast(MetadataStateMachine, Publisher()),
+        cast(ControllerClient, None),
+        lambda: epoch[0],
+        fetch_max_waiting=10,
+    )
+    assert broker.fetchers.broker_epoch() == 5
+    epoch[0] = 6
+    assert broker.fetchers.broker_epoch() == 6
