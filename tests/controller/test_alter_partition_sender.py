@@ -214,31 +214,42 @@ def test_a_request_refused_as_a_whole_is_asked_again_with_the_current_broker_epo
     run(main, tmp_path)
 
 
+def rejoin_fetch(partition: Partition, follower: int, broker_epoch: int = -1) -> None:
+    """A fetch of ``follower`` at the leader's log end (0), saying ``broker_epoch``."""
+    partition.read_for_follower(
+        follower, 0, 1000, last_fetched_epoch=-1, current_leader_epoch=partition.leader_epoch,
+        now_ms=LAG_MS + 700, broker_epoch=broker_epoch,
+    )  # fmt: skip
+
+
+async def one_follower_dropped(
+    quorum: Quorum, client: ControllerClient, root: Path
+) -> tuple[dict[int, int], AlterPartitionSender, Partition, int]:
+    """A leader whose ISR has committed the shrink of one follower: (brokers' epochs, the
+    sender, the leader's partition, the dropped follower)."""
+    epochs, state, topic_id = await setup(quorum, client)
+    sender = sender_for(quorum, client, epochs, state.leader)
+    partition = leader_replica(root, state, topic_id, sender)
+    kept, dropped = [b for b in state.isr if b != state.leader]
+    shrink_to(partition, kept)
+    await until("the shrink", lambda: partition.pending_isr is None)
+    assert dropped not in partition.isr
+    return epochs, sender, partition, dropped
+
+
 def test_a_follower_joins_only_as_the_incarnation_the_metadata_names(tmp_path: Path) -> None:
     """KIP-903: a follower out of the ISR that has caught up is proposed back only when its
     fetch says the broker epoch the metadata holds for it; a fetch saying another epoch (a
     previous incarnation's, which may have had records the restarted one lost) proposes
     nothing. A fetch that says none (Fetch v14 and below) is taken as before."""
 
-    def fetch(partition: Partition, follower: int, broker_epoch: int) -> None:
-        partition.read_for_follower(
-            follower, 0, 1000, last_fetched_epoch=-1, current_leader_epoch=partition.leader_epoch,
-            now_ms=LAG_MS + 700, broker_epoch=broker_epoch,
-        )  # fmt: skip
-
     async def main(quorum: Quorum, client: ControllerClient) -> None:
-        epochs, state, topic_id = await setup(quorum, client)
-        sender = sender_for(quorum, client, epochs, state.leader)
-        partition = leader_replica(tmp_path, state, topic_id, sender)
-        kept, dropped = [b for b in state.isr if b != state.leader]
-        shrink_to(partition, kept)
-        await until("the shrink", lambda: partition.pending_isr is None)
-        assert dropped not in partition.isr
+        epochs, sender, partition, dropped = await one_follower_dropped(quorum, client, tmp_path)
         stale = epochs[dropped] + 7  # another incarnation's (epochs start at 0)
-        fetch(partition, dropped, stale)
+        rejoin_fetch(partition, dropped, stale)
         assert partition.follower_broker_epoch(dropped) == stale
         assert partition.pending_isr is None and sender.sent == 1  # nothing proposed
-        fetch(partition, dropped, epochs[dropped])
+        rejoin_fetch(partition, dropped, epochs[dropped])
         assert partition.pending_isr == (*partition.isr, dropped)
         await until("the expansion", lambda: partition.pending_isr is None)
         assert dropped in partition.isr
@@ -249,16 +260,8 @@ def test_a_follower_joins_only_as_the_incarnation_the_metadata_names(tmp_path: P
 
 def test_a_follower_that_says_no_broker_epoch_joins_as_before(tmp_path: Path) -> None:
     async def main(quorum: Quorum, client: ControllerClient) -> None:
-        epochs, state, topic_id = await setup(quorum, client)
-        sender = sender_for(quorum, client, epochs, state.leader)
-        partition = leader_replica(tmp_path, state, topic_id, sender)
-        kept, dropped = [b for b in state.isr if b != state.leader]
-        shrink_to(partition, kept)
-        await until("the shrink", lambda: partition.pending_isr is None)
-        partition.read_for_follower(
-            dropped, 0, 1000, last_fetched_epoch=-1, current_leader_epoch=partition.leader_epoch,
-            now_ms=LAG_MS + 700,
-        )  # fmt: skip
+        _, sender, partition, dropped = await one_follower_dropped(quorum, client, tmp_path)
+        rejoin_fetch(partition, dropped)
         assert partition.follower_broker_epoch(dropped) == -1
         await until("the expansion", lambda: dropped in partition.isr)
         await sender.close()
