@@ -45,10 +45,9 @@ continuing a session by names with ids, or the reverse, is FETCH_SESSION_TOPIC_I
 (Kafka's rule). From v15 a follower's id and broker epoch are in ``replica_state``: the
 epoch is noted with the follower's position, and the follower is proposed into the ISR only
 as the incarnation the metadata names (KIP-903, ``broker.alter_partition``); runnel's own
-followers fetch with v15. From
-v16 an answer that names partitions' current leaders (errors NOT_LEADER_OR_FOLLOWER and
-FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``, as Metadata would, so the
-client can move without asking Metadata (KIP-951).
+followers fetch with v15. From v16 an answer that names partitions' current leaders (errors
+NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH) lists those brokers in ``node_endpoints``,
+as Metadata would, so the client can move without asking Metadata (KIP-951).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from broker.awaited_followers import SHORT_POLL_MS
 from broker.context import BrokerContext
@@ -187,24 +186,23 @@ def _plan(context: BrokerContext, request: Any, asked: _Asked, session: FetchCon
         session.skip_quiet(_quiet_for(context, replica_id, name))
         watching = session.watching
     wanted: list[_Wanted] = []
-    if name is None:
+    if name is None:  # by names: the session's keys are the partitions' names
         for key, position in session.partitions:
-            topic = key[0]
-            assert isinstance(topic, str)  # a session by names
-            found = lookup_partition(context, image, topic, key[1])
-            wanted.append(_Wanted(key, (topic, key[1]), position, found))
+            named = cast(PartitionKey, key)
+            found = lookup_partition(context, image, named[0], named[1])
+            wanted.append(_Wanted(key, named, position, found))
         if isinstance(session, IncrementalFetch):
-            keys: list[PartitionKey] = session.keys  # type: ignore[assignment]
+            keys = cast(list[PartitionKey], session.keys)
         else:
-            keys = [w.name for w in wanted]  # type: ignore[misc]
+            keys = [cast(PartitionKey, w.key) for w in wanted]
     else:
         for key, position in session.partitions:
-            named = name(key)
-            if named is None:
+            by_id = name(key)
+            if by_id is None:
                 wanted.append(_Wanted(key, None, position, ErrorCode.UNKNOWN_TOPIC_ID))
             else:
-                found = lookup_partition(context, image, named[0], named[1])
-                wanted.append(_Wanted(key, named, position, found))
+                found = lookup_partition(context, image, by_id[0], by_id[1])
+                wanted.append(_Wanted(key, by_id, position, found))
         keys = [w.name for w in wanted if w.name is not None]
     max_bytes = min(getattr(request, "max_bytes", 2**31 - 1), context.settings.fetch_max_bytes)
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
@@ -221,10 +219,10 @@ def _quiet_for(
     get, now_ms = context.replicas.get, context.replicas.clock_ms()
 
     def quiet(key: SessionKey, heard: Any, watch: QuietWatch) -> bool:
-        named = key if name is None else name(key)
+        named = cast(PartitionKey, key) if name is None else name(key)
         if named is None:
             return False
-        replica = get(named[0], named[1])  # type: ignore[arg-type]
+        replica = get(named[0], named[1])
         return replica is not None and quiet_for_follower(replica, replica_id, heard, watch, now_ms)
 
     return quiet
