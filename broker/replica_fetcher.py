@@ -443,9 +443,10 @@ class ReplicaFetcher:
                     # even where the position did not change (the old id's is forgotten).
                     request.partitions.setdefault(key, position)
         self._dirty.clear()
-        topics, forgotten = self._by_topic_id(request.partitions, request.forgotten, request.full)
+        forgotten = self._note_ids(request.partitions, request.forgotten, request.full)
+        topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
         for key, position in request.partitions.items():
-            topics[following[key].topic_id].append(
+            topics.setdefault(following[key].topic_id, []).append(
                 {
                     "partition": key[1],
                     "current_leader_epoch": position.current_leader_epoch,
@@ -477,18 +478,17 @@ class ReplicaFetcher:
         async with asyncio.timeout(timeout_s):
             return await connection.request(ApiKey.FETCH, FETCH_VERSION, body)
 
-    def _by_topic_id(
+    def _note_ids(
         self, named: dict[PartitionKey, FetchPosition], gone: list[PartitionKey], full: bool
-    ) -> tuple[dict[uuid.UUID, list[dict[str, Any]]], dict[uuid.UUID, list[int]]]:
-        """The request's topics by id (each to be filled with its partitions) and what it
-        forgets, by the ids the leader's session holds the partitions by: a partition whose
-        topic was created again under its name (another id) forgets the old id's partition
-        too, or the leader would answer that one UNKNOWN_TOPIC_ID at every fetch."""
+    ) -> dict[uuid.UUID, list[int]]:
+        """Note the ids the request names its partitions by (what the leader's session will
+        hold them by) and return what it forgets, by those ids: a partition whose topic was
+        created again under its name (another id) forgets the old id's partition too, or the
+        leader would answer that one UNKNOWN_TOPIC_ID at every fetch."""
         sent, by_id, following = self._sent_ids, self._by_id, self.followed
         if full:  # a new session: it holds what this request names, by these ids
             sent.clear()
             by_id.clear()
-        topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
         forgotten: dict[uuid.UUID, list[int]] = {}
         for key in gone:
             old = sent.pop(key, None)
@@ -504,8 +504,7 @@ class ReplicaFetcher:
                     forgotten.setdefault(old, []).append(key[1])
                 sent[key] = topic_id
                 by_id[topic_id, key[1]] = key
-            topics.setdefault(topic_id, [])
-        return topics, forgotten
+        return forgotten
 
     def _position(self, followed: _Followed) -> FetchPosition:
         position = followed.position
