@@ -15,7 +15,8 @@ How this works. A broker context over real partition logs in a temporary directo
   fetch    one batch produced to each of two partitions with three replicas, then a
            follower's Fetch v15 of both (by topic id, as runnel's followers fetch; v12 by
            name before 2026-11-25) from where it stopped (no session): the time of the
-           fetch's handling alone, per fetch (``perf_counter``; it reads no record bytes).
+           fetch's handling alone, per fetch (``perf_counter``; it reads no record bytes);
+           and the same fetch at v12 (by names), in the same runs, for what ids cost.
   raw      the baseline, in the same run: the least Python any broker spends on the same
            produce request (one ``unpack_from`` of its header fields, CRC-32C of the batch,
            the ``pwrite``, one ``pack`` of an answer): its CPU per request, measured the
@@ -62,6 +63,7 @@ ME, FOLLOWER, OTHER = 1, 2, 3
 PRODUCE_TOPIC, FETCH_TOPIC = "produce", "fetch"
 PRODUCE_VERSION = 9
 FETCH_VERSION = 15  # as runnel's followers fetch: topics by id, the epoch in replica_state
+NAMES_FETCH_VERSION = 12  # by names, as they fetched before 2026-11-25: measured beside it
 FETCH_TOPIC_ID = b"f" * 16
 CONNECTION = ConnectionInfo("127.0.0.1:1", 1, "CLIENT")
 _RAW_HEAD = struct.Struct(">ihhi")  # size, api key, version, correlation id
@@ -125,13 +127,13 @@ def produce_frame(topic: str, partition: int, batch: bytes) -> memoryview:
     return _frame(ApiKey.PRODUCE, PRODUCE_VERSION, produce_value(topic, [partition], batch, 1))
 
 
-def fetch_frame(offsets: Sequence[int]) -> memoryview:
+def fetch_frame(offsets: Sequence[int], version: int = FETCH_VERSION) -> memoryview:
     """A follower's Fetch of "fetch" 0.. from ``offsets`` (no session, no wait)."""
     body = fetch_request(FETCH_TOPIC, offsets, 1 << 20, 0)
     body["replica_id"] = FOLLOWER  # up to v14
     body["replica_state"] = {"replica_id": FOLLOWER, "replica_epoch": 0}  # v15 on
     body["topics"][0]["topic_id"] = uuid.UUID(bytes=FETCH_TOPIC_ID)
-    return _frame(ApiKey.FETCH, FETCH_VERSION, body)
+    return _frame(ApiKey.FETCH, version, body)
 
 
 def produce_us(broker: Broker, frame: memoryview, requests: int) -> float:
@@ -144,15 +146,22 @@ def produce_us(broker: Broker, frame: memoryview, requests: int) -> float:
     return (time.process_time() - start) * 1e6 / requests
 
 
-def fetch_us(broker: Broker, produce: Sequence[memoryview], records: int, requests: int) -> float:
-    """µs per follower Fetch of both "fetch" partitions, each one batch behind."""
+def fetch_us(
+    broker: Broker,
+    produce: Sequence[memoryview],
+    records: int,
+    requests: int,
+    version: int = FETCH_VERSION,
+) -> float:
+    """µs per follower Fetch (of ``version``) of both "fetch" partitions, each one batch
+    behind."""
     handle = broker.handle
     offsets = [broker.log_end_offset(FETCH_TOPIC, p) for p in (0, 1)]
     spent = 0.0
     for _ in range(requests):
         for frame in produce:
             handle(frame, CONNECTION)
-        frame = fetch_frame(offsets)
+        frame = fetch_frame(offsets, version)
         start = time.perf_counter()
         answer = handle(frame, CONNECTION)
         spent += time.perf_counter() - start
@@ -199,23 +208,28 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
     batch_offset = bytes(produce).find(batch)  # the records field, as the frame holds it
     if batch_offset < 0:
         raise RuntimeError("the batch is not in the produce frame")
-    runs: dict[str, list[float]] = {"produce": [], "fetch": [], "raw": []}
+    runs: dict[str, list[float]] = {"produce": [], "fetch": [], "fetch_v12": [], "raw": []}
     warm_up = min(requests, 200)  # the first requests compile the codec's functions
     with fresh_broker(directory / "warm-up") as broker:
         produce_us(broker, produce, warm_up)
         fetch_us(broker, feed, records, warm_up)
+        fetch_us(broker, feed, records, warm_up, NAMES_FETCH_VERSION)
     raw_us(directory / "raw.bin", produce, batch_offset, len(batch), requests)
     for _ in range(repeats):
         with fresh_broker(directory / "logs") as broker:
             runs["produce"].append(produce_us(broker, produce, requests))
         with fresh_broker(directory / "logs") as broker:
             runs["fetch"].append(fetch_us(broker, feed, records, requests))
+        with fresh_broker(directory / "logs") as broker:
+            by_names = fetch_us(broker, feed, records, requests, NAMES_FETCH_VERSION)
+            runs["fetch_v12"].append(by_names)
         raw = raw_us(directory / "raw.bin", produce, batch_offset, len(batch), requests)
         runs["raw"].append(raw)
     best = {kind: min(values) for kind, values in runs.items()}
     return {
         "produce_us": best["produce"],
         "fetch_us": best["fetch"],
+        "fetch_v12_us": best["fetch_v12"],
         "raw_us": best["raw"],
         "produce_ratio_to_raw": best["produce"] / best["raw"],
         "runs": runs,
@@ -248,7 +262,8 @@ def main(argv: Sequence[str] | None = None, *, report: Callable[[str], None] = p
     report(f"  produce through the dispatcher   {result['produce_us']:7.1f} us CPU")
     report(f"  raw: unpack, CRC, pwrite, pack   {result['raw_us']:7.1f} us CPU")
     report(f"  produce / raw                    {result['produce_ratio_to_raw']:7.1f} x")
-    report(f"  follower fetch of 2 partitions   {result['fetch_us']:7.1f} us")
+    report(f"  follower fetch of 2 partitions   {result['fetch_us']:7.1f} us (v{FETCH_VERSION})")
+    report(f"  ...the same by names             {result['fetch_v12_us']:7.1f} us (v12)")
     report(json.dumps({"benchmark": "request_path", **result, "commit": commit, "dirty": dirty}))
 
 
