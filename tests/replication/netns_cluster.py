@@ -10,8 +10,12 @@ process made: the kernel may still be tearing down a network the last test delet
 ``cut(a, b)`` adds a blackhole route to each in the other's namespace: nothing passes between
 the two (a connection attempt fails at once, a connection open before sees its packets
 vanish), while both still reach everyone else and the test process. ``heal`` removes the
-routes. ``close`` deletes the veth pairs, the namespaces and the bridge; ``remove_stale``
-deletes what a test process that died left (its pid is in the names).
+routes. Concurrent test processes each take a /24 of ``SUBNETS`` that no address of this
+namespace overlaps; ``up`` chooses it (again, if another took the one chosen at
+construction) and gives the bridge its address under an exclusive lock on ``SUBNET_LOCK``,
+so two cannot take the same one between looking and taking. ``close`` deletes the veth
+pairs, the namespaces and the bridge; ``remove_stale`` deletes what a test process that died
+left (its pid is in the names).
 
 ``start_netns_cluster`` is ``fault_cluster.start_cluster`` on such a network: the same
 ``ClusterSpec`` files with each node's addresses moved to its namespace's, each node started
@@ -25,6 +29,7 @@ them, and why not.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import itertools
 import os
@@ -42,6 +47,7 @@ from runnel.local_cluster import ClusterSpec, process_alive
 
 IP_TIMEOUT_S = 10.0
 SUBNETS = ipaddress.ip_network("10.231.0.0/16")  # one /24 of it per network
+SUBNET_LOCK = Path("/tmp/runnel-netns-subnets.lock")  # held while a network takes its /24
 
 
 def ip(*args: str, namespace: str | None = None) -> str:
@@ -87,11 +93,23 @@ def remove_stale() -> None:
                 ip("link", "delete", found.group(1))
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
-    taken = {
-        ipaddress.ip_interface(m.group(1)).network
+def _taken() -> set[ipaddress.IPv4Network]:
+    """The networks of this namespace's IPv4 addresses."""
+    return {
+        ipaddress.IPv4Interface(m.group(1)).network
         for m in re.finditer(r"inet (\S+)", ip("-4", "-o", "addr", "show"))
     }
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    with open(SUBNET_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    taken = _taken()
     subnets = list(SUBNETS.subnets(new_prefix=24))
     start = os.getpid() % len(subnets)  # concurrent test processes start apart
     for subnet in subnets[start:] + subnets[:start]:
@@ -127,9 +145,11 @@ class Network:
         return str(self.subnet[2 + list(self.nodes).index(node)])
 
     def up(self) -> None:
-        gateway = f"{self.subnet[1]}/{self.subnet.prefixlen}"
         ip("link", "add", self.bridge, "type", "bridge")
-        ip("addr", "add", gateway, "dev", self.bridge)
+        with _subnet_lock():
+            if any(self.subnet.overlaps(t) for t in _taken()):
+                self.subnet = _free_subnet()
+            ip("addr", "add", f"{self.subnet[1]}/{self.subnet.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
         for i, node in enumerate(self.nodes):
             ns, outside = self.namespace(node), f"rnv{self.tag}{i}"
