@@ -34,6 +34,7 @@ from runnel.commands import (
     positive_int,
     set_handler,
 )
+from runnel.kafka_close import CLOSE_TIMEOUT_S, close_consumer
 from runnel.kafka_target import add_broker_options, resolve_brokers
 
 __all__ = ["register"]
@@ -239,7 +240,12 @@ def _consume(args: argparse.Namespace) -> int:
             interrupted = True
     finally:
         sys.stdout.flush()
-        consumer.close()
+        if not close_consumer(consumer, CLOSE_TIMEOUT_S):
+            print(
+                f"warning: the Kafka client did not close within {CLOSE_TIMEOUT_S:g} s "
+                "(librdkafka's close can deadlock, confluentinc/librdkafka#5476); exiting",
+                file=sys.stderr,
+            )
     print(f"consumed {printed} records from {args.topic}", file=sys.stderr)
     if interrupted:
         print("interrupted before every partition was read to its end", file=sys.stderr)

@@ -3,12 +3,14 @@ broker is outside what these rules decide; tests/test_cli_produce_consume.py run
 command against a real cluster): without --follow, a partition not read to its end within
 --timeout-s is an error, not a partial listing passed off as the whole; with --follow and no
 --timeout-s the command waits until Ctrl-C. Also what it makes of a cluster it cannot reach,
-of Ctrl-C without --follow, of a partition named twice, and how --json writes bytes."""
+of Ctrl-C without --follow, of a partition named twice, of a client whose close hangs
+(runnel/kafka_close.py), and how --json writes bytes."""
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
 from typing import Any, ClassVar
 
 import confluent_kafka
@@ -18,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from runnel.cli import main
 
 BOOTSTRAP = "127.0.0.1:1"
+GATE_MAX_S = 30.0  # a hung close's stand-in gives up after this, whatever happens
 
 
 class _Message:
@@ -69,6 +72,8 @@ class StandInConsumer:
 
     records: ClassVar[list[bytes | _Message]] = []
     interrupt_after: ClassVar[int | None] = None
+    close_gate: ClassVar[threading.Event | None] = None  # a close that hangs until set
+    closes_done: ClassVar[list[bool]] = []
     unreachable: ClassVar[set[str]] = set()  # the calls that fail as with no broker
     assigned: ClassVar[list[list[int]]] = []
 
@@ -102,7 +107,9 @@ class StandInConsumer:
         return None
 
     def close(self) -> None:
-        pass
+        if self.close_gate is not None:
+            self.close_gate.wait(GATE_MAX_S)
+        self.closes_done.append(True)
 
 
 @pytest.fixture
@@ -110,6 +117,8 @@ def consumer(monkeypatch: pytest.MonkeyPatch) -> type[StandInConsumer]:
     monkeypatch.setattr(confluent_kafka, "Consumer", StandInConsumer)
     monkeypatch.setattr(StandInConsumer, "records", [b"a", b"b"])
     monkeypatch.setattr(StandInConsumer, "interrupt_after", None)
+    monkeypatch.setattr(StandInConsumer, "close_gate", None)
+    monkeypatch.setattr(StandInConsumer, "closes_done", [])
     monkeypatch.setattr(StandInConsumer, "unreachable", set())
     monkeypatch.setattr(StandInConsumer, "assigned", [])
     monkeypatch.setattr("runnel.consume_command.POLL_S", 0.0)
@@ -218,3 +227,22 @@ def test_json_is_exact_for_bytes_nulls_and_repeated_headers(
         "headers": [["h", "1"], ["h", "2"], ["null", None], ["empty", ""], ["bin", encoded]],
     }
     assert (lines[1]["key"], lines[1]["value"], lines[1]["headers"]) == (None, None, [])
+
+
+def test_a_client_whose_close_hangs_is_left_behind_with_a_warning(
+    consumer: type[StandInConsumer],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = threading.Event()
+    monkeypatch.setattr(consumer, "close_gate", gate)
+    monkeypatch.setattr("runnel.consume_command.CLOSE_TIMEOUT_S", 0.2)
+    try:
+        code = main(["consume", "events", "--bootstrap", BOOTSTRAP, "--max-messages", "2"])
+        assert consumer.closes_done == [], "the command waited for the close to end"
+    finally:
+        gate.set()
+    out, err = capsys.readouterr()
+    assert code == 0 and out.splitlines() == ["a", "b"]
+    assert "warning: the Kafka client did not close within 0.2 s" in err
+    assert "consumed 2 records from events" in err
