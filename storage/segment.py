@@ -15,12 +15,23 @@ valid for as long as any slice refers to it, even after the segment is deleted o
 closing it at once would let the number be reused by another file while a fetch answer
 still sends from it).
 
+``translate_offset`` (which batch holds an offset) looks the offset up in the offset index and
+reads batch headers from there on. Reads near the end (followers, consumers at the head) skip
+that: the segment remembers where its most recent batches are (``_tail``: up to
+``TAIL_BATCHES`` to ``2 * TAIL_BATCHES`` of them, each (last offset, position, size, base
+offset), noted by ``_index_batch`` as appends and recovery pass them, forgotten by a
+truncation or a new recovery), and an offset at or after the first of them is found there
+with a bisection, no read.
+
 Not thread-safe for mutation: the owning Log's single writer calls append/truncate/recover/
-roll. ``read`` and ``translate_offset`` may run concurrently with an append.
+roll. ``read`` and ``translate_offset`` may run concurrently with an append: ``_tail`` only
+grows in place (a batch is noted after its bytes are written), and is trimmed or emptied by
+replacing the list, so a reader's reference stays consistent.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import struct
@@ -43,6 +54,7 @@ _LAST_DELTA = struct.Struct(">i")
 _POS_LAST_DELTA = 23
 _RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 _IOV_MAX = 1024
+TAIL_BATCHES = 64  # recent batches whose positions a segment keeps at least (module doc)
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -144,6 +156,7 @@ class LogSegment:
         self.max_timestamp = -1
         self.offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
+        self._tail: list[tuple[int, int, int, int]] = []  # (last, position, size, base)
         if not create and self.time_index.entries:
             self.max_timestamp, self.offset_of_max_timestamp = self.time_index.last_entry()
 
@@ -166,6 +179,12 @@ class LogSegment:
 
     def _index_batch(self, file_position: int, header: BatchHeader) -> None:
         last_offset = header.base_offset + header.last_offset_delta
+        tail = self._tail
+        if len(tail) >= 2 * TAIL_BATCHES:
+            tail = self._tail = tail[TAIL_BATCHES:]  # a new list: readers keep theirs
+        tail.append(
+            (last_offset, file_position, header.batch_length + LOG_OVERHEAD, header.base_offset)
+        )
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
             self.offset_of_max_timestamp = last_offset
@@ -206,6 +225,14 @@ class LogSegment:
 
     def translate_offset(self, offset: int, start_position: int = 0) -> tuple[int, int] | None:
         """(position, size) of the first batch whose last offset is >= ``offset``."""
+        tail = self._tail
+        if tail and offset >= tail[0][3]:  # among the recent batches, or after them all
+            i = bisect.bisect_left(tail, (offset,))
+            if i == len(tail):
+                return None
+            _, position, size, _ = tail[i]
+            if position >= start_position:
+                return position, size
         _, position = self.offset_index.lookup(offset)
         position = max(position, start_position)
         size = self.size
@@ -311,6 +338,7 @@ class LogSegment:
         self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
         self._bytes_since_index_entry = 0
         self.rolling_base_timestamp = None
+        self._tail = []
         valid = 0
         next_offset = self.base_offset if expected_next_offset is None else expected_next_offset
         for position, header in _scan_batches(
@@ -339,6 +367,7 @@ class LogSegment:
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         removed = self.size - position
+        self._tail = []  # before the bytes go: a reader must not find them here
         os.ftruncate(self.handle.fd, position)
         self.size = position
         self._bytes_since_index_entry = 0
