@@ -17,6 +17,11 @@ How this works. A broker context over real partition logs in a temporary directo
            name before 2026-11-25) from where it stopped (no session): the time of the
            fetch's handling alone, per fetch (``perf_counter``; it reads no record bytes);
            and the same fetch at v12 (by names), in the same runs, for what ids cost.
+  lookup   where the last batch of the produce run's log is (``LogSegment.translate_offset``,
+           as every read at the head asks): in the live segment, which remembers its recent
+           batches, and, as its baseline, in a copy of it that remembers none (an offset-index
+           lookup and a read of batch headers, as for older offsets); µs per lookup
+           (``perf_counter``).
   raw      the baseline, in the same run: the least Python any broker spends on the same
            produce request (one ``unpack_from`` of its header fields, CRC-32C of the batch,
            the ``pwrite``, one ``pack`` of an answer): its CPU per request, measured the
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -56,6 +62,7 @@ from controller.client import ControllerClient
 from controller.image import MetadataDelta, MetadataImage
 from storage.config import LogConfig
 from storage.log_manager import LogManager
+from storage.segment import LogSegment
 
 __all__ = ["main"]
 
@@ -171,6 +178,29 @@ def fetch_us(
     return spent * 1e6 / requests
 
 
+def lookup_us(broker: Broker, records: int, requests: int) -> tuple[float, float]:
+    """µs per lookup of the last batch of "produce" 0: in its live segment, and in a copy
+    of it without the recent batches' positions (the same index and file)."""
+    partition = broker.replicas.get(PRODUCE_TOPIC, 0)
+    if partition is None:
+        raise RuntimeError(f"{PRODUCE_TOPIC}-0 is not held here")
+    log = partition.log
+    live, offset = log.active_segment, log.log_end_offset - records
+    by_index = copy.copy(live)
+    by_index._tail = []  # the baseline: what a segment answers from its index alone
+    return _lookups_us(live, offset, requests), _lookups_us(by_index, offset, requests)
+
+
+def _lookups_us(segment: LogSegment, offset: int, requests: int) -> float:
+    translate = segment.translate_offset
+    if translate(offset) is None:
+        raise RuntimeError(f"offset {offset} is not in segment {segment.base_offset}")
+    start = time.perf_counter()
+    for _ in range(requests):
+        translate(offset)
+    return (time.perf_counter() - start) * 1e6 / requests
+
+
 def raw_us(path: Path, frame: memoryview, batch_offset: int, size: int, requests: int) -> float:
     """CPU µs per request of the least a broker does with the same produce frame."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -208,7 +238,9 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
     batch_offset = bytes(produce).find(batch)  # the records field, as the frame holds it
     if batch_offset < 0:
         raise RuntimeError("the batch is not in the produce frame")
-    runs: dict[str, list[float]] = {"produce": [], "fetch": [], "fetch_v12": [], "raw": []}
+    runs: dict[str, list[float]] = {
+        "produce": [], "fetch": [], "fetch_v12": [], "raw": [], "lookup": [], "lookup_index": []
+    }  # fmt: skip
     warm_up = min(requests, 200)  # the first requests compile the codec's functions
     with fresh_broker(directory / "warm-up") as broker:
         produce_us(broker, produce, warm_up)
@@ -218,6 +250,9 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
     for _ in range(repeats):
         with fresh_broker(directory / "logs") as broker:
             runs["produce"].append(produce_us(broker, produce, requests))
+            live, index = lookup_us(broker, records, requests)
+            runs["lookup"].append(live)
+            runs["lookup_index"].append(index)
         with fresh_broker(directory / "logs") as broker:
             runs["fetch"].append(fetch_us(broker, feed, records, requests))
         with fresh_broker(directory / "logs") as broker:
@@ -231,6 +266,8 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
         "fetch_us": best["fetch"],
         "fetch_v12_us": best["fetch_v12"],
         "raw_us": best["raw"],
+        "lookup_us": best["lookup"],
+        "lookup_index_us": best["lookup_index"],
         "produce_ratio_to_raw": best["produce"] / best["raw"],
         "runs": runs,
         "records_per_batch": records,
@@ -264,6 +301,8 @@ def main(argv: Sequence[str] | None = None, *, report: Callable[[str], None] = p
     report(f"  produce / raw                    {result['produce_ratio_to_raw']:7.1f} x")
     report(f"  follower fetch of 2 partitions   {result['fetch_us']:7.1f} us (v{FETCH_VERSION})")
     report(f"  ...the same by names             {result['fetch_v12_us']:7.1f} us (v12)")
+    report(f"  head lookup, recent batches      {result['lookup_us']:7.2f} us")
+    report(f"  ...by index and batch headers    {result['lookup_index_us']:7.2f} us")
     report(json.dumps({"benchmark": "request_path", **result, "commit": commit, "dirty": dirty}))
 
 
