@@ -18,17 +18,15 @@ every replica ends identical.
 from __future__ import annotations
 
 import re
-import socket
-import struct
 import time
 import uuid
-from typing import Any
 
 import fault_cluster as rc
 import pytest
 from fault_cluster import Cluster
 
-from broker.protocol import ApiKey, ErrorCode, decode_response, encode_request
+from bench.kafka_load import Connection
+from broker.protocol import ApiKey, ErrorCode
 
 replication_cluster = rc.replication_cluster
 
@@ -37,32 +35,7 @@ METADATA_VERSION = 12  # topic ids
 LIST_OFFSETS_VERSION = 7
 STALE_FETCHING_S = 6.0  # three lag times of fetches from the old incarnation
 FETCH_EVERY_S = 0.2
-CALL_TIMEOUT_S = 10.0
 REGISTERED = re.compile(r"broker (\d+) registered with epoch (\d+)")
-_SIZE = struct.Struct(">i")
-
-
-def call(address: str, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    """One request on a new connection; the decoded answer."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=CALL_TIMEOUT_S) as sock:
-        sock.sendall(
-            b"".join(bytes(p) for p in encode_request(api_key, version, 1, "kip903", body))
-        )
-        (size,) = _SIZE.unpack(_read(sock, 4))
-        correlation_id, answer = decode_response(api_key, version, _read(sock, size))
-    assert correlation_id == 1, correlation_id
-    return answer
-
-
-def _read(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError(f"the broker closed the connection after {len(data)} bytes")
-        data += chunk
-    return data
 
 
 def registered_epochs(c: Cluster, broker: int) -> list[int]:
@@ -71,27 +44,27 @@ def registered_epochs(c: Cluster, broker: int) -> list[int]:
     return [int(m[2]) for m in REGISTERED.finditer(text) if int(m[1]) == broker]
 
 
-def topic_id(c: Cluster, broker: int, topic: str) -> uuid.UUID:
+def topic_id(leader: Connection, topic: str) -> uuid.UUID:
     body = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
-    (found,) = call(c.address(broker), ApiKey.METADATA, METADATA_VERSION, body).topics
+    (found,) = leader.call(ApiKey.METADATA, METADATA_VERSION, body).topics
     assert found.error_code == 0, found
     return uuid.UUID(str(found.topic_id))
 
 
-def log_end(c: Cluster, leader: int, topic: str) -> int:
+def log_end(leader: Connection, topic: str) -> int:
     """Partition 0's latest offset at the leader (its HW: every write here is acks=all)."""
     body = {
         "replica_id": -1,
         "isolation_level": 0,
         "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
     }
-    answer = call(c.address(leader), ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
+    answer = leader.call(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
     (partition,) = answer.topics[0].partitions
     assert partition.error_code == 0, partition
     return int(partition.offset)
 
 
-def fetch_as(c: Cluster, leader: int, follower: int, epoch: int, tid: uuid.UUID, at: int) -> None:
+def fetch_as(leader: Connection, follower: int, epoch: int, tid: uuid.UUID, at: int) -> None:
     """A follower's Fetch v15 of partition 0 from ``at``, saying ``follower`` and broker epoch
     ``epoch``; asserts the leader answered it without an error."""
     partition = {"partition": 0, "fetch_offset": at, "partition_max_bytes": 1 << 20}
@@ -107,7 +80,7 @@ def fetch_as(c: Cluster, leader: int, follower: int, epoch: int, tid: uuid.UUID,
         "forgotten_topics_data": [],
         "rack_id": "",
     }
-    answer = call(c.address(leader), ApiKey.FETCH, FETCH_VERSION, body)
+    answer = leader.call(ApiKey.FETCH, FETCH_VERSION, body)
     assert answer.error_code == ErrorCode.NONE, answer
     (got,) = answer.responses[0].partitions
     assert got.error_code == ErrorCode.NONE, got
@@ -154,27 +127,30 @@ def test_a_stale_incarnations_fetches_do_not_bring_its_broker_back_into_the_isr(
         )
         assert follower in c.unfenced(leader), f"{follower} was fenced\n{c.story()}"
         ok(c, topic, "second")  # the log end moves past where the real follower stopped
-        tid, end = topic_id(c, leader, topic), log_end(c, leader, topic)
+        conn = Connection.connect(c.address(leader))  # the test, playing the follower
+        try:
+            tid, end = topic_id(conn, topic), log_end(conn, topic)
+            deadline = time.monotonic() + STALE_FETCHING_S
+            fetches = 0
+            while time.monotonic() < deadline:
+                fetch_as(conn, follower, old, tid, end)
+                fetches += 1
+                time.sleep(FETCH_EVERY_S)
+            views = c.partitions(topic, [leader])
+            assert views[0].isr == without, (
+                f"after {fetches} fetches as {follower} at epoch {old} (registered: {new}), "
+                f"the ISR is {views[0].isr}\n{c.story()}"
+            )
+            c.note(f"{fetches} fetches as {follower} at epoch {old}: the ISR stayed {without}")
 
-        deadline = time.monotonic() + STALE_FETCHING_S
-        fetches = 0
-        while time.monotonic() < deadline:
-            fetch_as(c, leader, follower, old, tid, end)
-            fetches += 1
-            time.sleep(FETCH_EVERY_S)
-        views = c.partitions(topic, [leader])
-        assert views[0].isr == without, (
-            f"after {fetches} fetches as {follower} at epoch {old} (registered: {new}), the "
-            f"ISR is {views[0].isr}\n{c.story()}"
-        )
-        c.note(f"{fetches} fetches as {follower} at epoch {old}: the ISR stayed {without}")
+            def joined() -> bool | None:
+                fetch_as(conn, follower, new, tid, end)
+                return True if c.partition(topic, 0, [leader]).isr == rc.BROKERS else None
 
-        def joined() -> bool | None:
-            fetch_as(c, leader, follower, new, tid, end)
-            return True if c.partition(topic, 0, [leader]).isr == rc.BROKERS else None
-
-        rc.wait_for(f"{follower} back in the ISR on fetches at epoch {new}", joined, 15)
-        c.note(f"fetches as {follower} at epoch {new}: back in the ISR")
+            rc.wait_for(f"{follower} back in the ISR on fetches at epoch {new}", joined, 15)
+            c.note(f"fetches as {follower} at epoch {new}: back in the ISR")
+        finally:
+            conn.close()
     finally:
         c.resume(follower)
     c.wait_full_isr(topic)
