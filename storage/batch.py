@@ -146,6 +146,28 @@ class BatchHeader(NamedTuple):
 # BatchHeader._make without its Python-level wrapper: the 13 unpacked fields as they are.
 _new_header: Callable[[type[BatchHeader], tuple[int, ...]], BatchHeader] = tuple.__new__
 
+_compiled_check: Callable[..., tuple[int, ...] | None] | None
+try:  # validate_batch's checks compiled (storage/_framing.c); optional, see setup.py
+    from storage._framing import checked_header as _compiled_check
+except ImportError:  # pragma: no cover - depends on the build
+    _compiled_check = None
+
+NO_WALK = -1  # checked_header: the records' framing is not walked
+
+
+def checked_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0, walk_max: int = NO_WALK
+) -> BatchHeader | None:
+    """The header of the batch at ``pos`` if ``validate_batch`` accepts it and, with
+    ``walk_max`` at least 0 and an uncompressed batch, its records section (at most
+    ``walk_max`` bytes) passes ``storage.records.check_record_framing``; None if not, or if
+    ``storage._framing`` is not built. One compiled call instead of a dozen Python ones; on
+    None the caller runs those, which say what is wrong."""
+    if _compiled_check is None:
+        return None
+    fields = _compiled_check(buf, pos, crc32c.crc32c, walk_max)
+    return None if fields is None else _new_header(BatchHeader, fields)
+
 
 def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int]:
     """Return (base_offset, total size in bytes) of the batch at ``pos``; needs 12 bytes."""
@@ -191,7 +213,12 @@ def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int
 
 
 def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse and fully check one batch: framing, CRC, offsets and counts."""
+    """Parse and fully check one batch: framing, CRC, offsets and counts. Compiled when it
+    can be (``checked_header``); the Python below is the reference and says what is wrong."""
+    if _compiled_check is not None:
+        fields = _compiled_check(buf, pos, crc32c.crc32c, NO_WALK)
+        if fields is not None:
+            return _new_header(BatchHeader, fields)
     header = parse_header(buf, pos)
     actual = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.batch_length + 12])
     if actual != header.crc:

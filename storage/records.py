@@ -35,6 +35,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from storage import batch as batch_module
 from storage import codecs
 from storage.batch import (
     ATTR_COMPRESSION_MASK,
@@ -87,8 +88,9 @@ _POS_CRC = CRC_START - _CRC.size  # the CRC field sits just before the bytes it 
 
 
 def compiled_framing() -> bool:
-    """Whether ``check_record_framing`` walks with the compiled ``storage._framing``."""
-    return _compiled_record_count is not None
+    """Whether the compiled ``storage._framing`` is used: ``check_record_framing``'s walk
+    and ``storage.batch.validate_batch``'s checks (a stale build may lack the latter)."""
+    return _compiled_record_count is not None and batch_module._compiled_check is not None
 
 
 _INT32_MAX = (1 << 31) - 1
