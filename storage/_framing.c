@@ -20,9 +20,10 @@
  * and the codec id is known. With ``walk_max`` at least 0, an uncompressed batch must also
  * have a records section of at most ``walk_max`` bytes that passes record_count's walk with
  * exactly its declared record count (storage.records.check_record_framing's test; -1: no
- * walk). None otherwise: the caller
- * runs the Python reference, which says what is wrong. A produce request's batch costs one
- * call here instead of about a dozen Python calls (storage/log.py, Log._validate).
+ * walk). None otherwise: the caller runs the Python reference, which says what is wrong. A
+ * produce request's batch costs one call here instead of about a dozen Python calls
+ * (storage/log.py, Log._validate). ``crc32c`` must not keep its argument: the view is over
+ * ``buf``'s memory, which is only held for the duration of the call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -370,7 +370,11 @@ class Log:
         while position < size:
             header = checked_header(view, position, walk_max)
             # walked: the compiled check did check_record_framing's work
-            walked = header is not None and not header.attributes & ATTR_COMPRESSION_MASK
+            walked = (
+                walk_max != NO_WALK
+                and header is not None
+                and not header.attributes & ATTR_COMPRESSION_MASK
+            )
             if header is None:
                 header = validate_batch(view, position)
             batch_size = header.batch_length + LOG_OVERHEAD
