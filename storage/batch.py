@@ -155,6 +155,11 @@ except ImportError:  # pragma: no cover - depends on the build
 NO_WALK = -1  # checked_header: the records' framing is not walked
 
 
+def compiled_check() -> bool:
+    """Whether ``checked_header`` (and so ``validate_batch``) runs compiled."""
+    return _compiled_check is not None
+
+
 def checked_header(
     buf: bytes | bytearray | memoryview, pos: int = 0, walk_max: int = NO_WALK
 ) -> BatchHeader | None:

@@ -35,7 +35,6 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from storage import batch as batch_module
 from storage import codecs
 from storage.batch import (
     ATTR_COMPRESSION_MASK,
@@ -53,6 +52,7 @@ from storage.batch import (
     BatchHeader,
     CompressionType,
     TimestampType,
+    compiled_check,
     compute_crc,
     validate_batch,
 )
@@ -90,7 +90,7 @@ _POS_CRC = CRC_START - _CRC.size  # the CRC field sits just before the bytes it 
 def compiled_framing() -> bool:
     """Whether the compiled ``storage._framing`` is used: ``check_record_framing``'s walk
     and ``storage.batch.validate_batch``'s checks (a stale build may lack the latter)."""
-    return _compiled_record_count is not None and batch_module._compiled_check is not None
+    return _compiled_record_count is not None and compiled_check()
 
 
 _INT32_MAX = (1 << 31) - 1
