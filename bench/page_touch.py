@@ -13,7 +13,9 @@ calls to a new file under ``--dir`` (no fsync), delete it, wait ``gap`` seconds,
 amount again into a new file, delete it; for each gap in ``--gaps`` (``--rounds`` times, gaps
 in turn, with ``--rest-s`` between pairs so no first write starts on memory just freed).
 Reported: the CPU (user + system) of each write, in µs per 16 KiB written, the medians per gap
-of the first write (the baseline) and of the second, and their ratio. Then one file grown to
+of the first write (the baseline) and of the second, and their ratio; and, where the kernel
+has free page reporting (``REPORTED_KIB``: a guest handing freed memory back to its host), how
+many MiB it reported during each gap (null elsewhere). Then one file grown to
 ``--grow-mb`` MiB in 16 KiB ``pwrite``s, as a partition's segment grows: the CPU per 16 KiB of
 each ``GROW_STEP_MB`` MiB in turn (0: left out). The last line printed is one JSON object.
 """
@@ -33,6 +35,15 @@ from bench.common import git_state, work_dir
 WRITE_BYTES = 1 << 20
 UNIT_BYTES = 16 << 10  # one produce request's batch in bench.produce_consume
 GROW_STEP_MB = 256
+REPORTED_KIB = Path("/sys/module/page_reporting/parameters/reported_kib")
+
+
+def _reported_kib() -> int | None:
+    """KiB of free memory the kernel has reported to its hypervisor since boot, if it does."""
+    try:
+        return int(REPORTED_KIB.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _write_cpu_us_per_unit(directory: Path, mb: int) -> float:
@@ -76,17 +87,24 @@ def _grow_cpu_us_per_unit(directory: Path, mb: int) -> list[float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     firsts: dict[float, list[float]] = {gap: [] for gap in args.gaps}
     seconds: dict[float, list[float]] = {gap: [] for gap in args.gaps}
+    reported: dict[float, list[float]] = {gap: [] for gap in args.gaps}
     with work_dir(Path(args.dir), "page-touch-") as directory:
         for i in range(args.rounds):
             for gap in args.gaps:
                 if i or gap != args.gaps[0]:
                     time.sleep(args.rest_s)
                 firsts[gap].append(_write_cpu_us_per_unit(directory, args.mb))
+                before = _reported_kib()
                 time.sleep(gap)
+                after = _reported_kib()
                 seconds[gap].append(_write_cpu_us_per_unit(directory, args.mb))
+                said = ""
+                if before is not None and after is not None:
+                    reported[gap].append((after - before) / 1024)
+                    said = f"; {reported[gap][-1]:.0f} MiB reported free to the host in the gap"
                 print(
                     f"gap {gap:g} s: first write {firsts[gap][-1]:.1f} us per 16 KiB, "
-                    f"second {seconds[gap][-1]:.1f}",
+                    f"second {seconds[gap][-1]:.1f}{said}",
                     flush=True,
                 )
         grow = []
@@ -102,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "second_to_first": second / first,
             "first_runs": firsts[gap],
             "second_runs": seconds[gap],
+            "reported_mib_in_gap": reported[gap] or None,
         }
     commit, dirty = git_state()
     return {

@@ -22,6 +22,10 @@ How this works. A broker context over real partition logs in a temporary directo
            batches, and, as its baseline, in a copy of it that remembers none (an offset-index
            lookup and a read of batch headers, as for older offsets); µs per lookup
            (``perf_counter``).
+  validate a leader's checks of the produce run's batch before its append
+           (``Log._validate``): compiled (``storage._framing``, as the broker runs when it is
+           built), and in Python (the reference, as it runs where it is not); µs per batch
+           (``perf_counter``).
   raw      the baseline, in the same run: the least Python any broker spends on the same
            produce request (one ``unpack_from`` of its header fields, CRC-32C of the batch,
            the ``pwrite``, one ``pack`` of an answer): its CPU per request, measured the
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import json
 import os
 import shutil
@@ -60,6 +65,7 @@ from broker.server import ConnectionInfo
 from controller import records as rec
 from controller.client import ControllerClient
 from controller.image import MetadataDelta, MetadataImage
+from storage import batch as batch_module
 from storage.config import LogConfig
 from storage.log_manager import LogManager
 from storage.segment import LogSegment
@@ -192,12 +198,32 @@ def lookup_us(broker: Broker, records: int, requests: int) -> tuple[float, float
 
 
 def _lookups_us(segment: LogSegment, offset: int, requests: int) -> float:
-    translate = segment.translate_offset
-    if translate(offset) is None:
+    if segment.translate_offset(offset) is None:
         raise RuntimeError(f"offset {offset} is not in segment {segment.base_offset}")
+    return _calls_us(functools.partial(segment.translate_offset, offset), requests)
+
+
+def validate_us(broker: Broker, batch: bytes, requests: int) -> tuple[float, float]:
+    """µs per leader check of ``batch`` (``Log._validate``): compiled, and in Python."""
+    partition = broker.replicas.get(PRODUCE_TOPIC, 0)
+    if partition is None:
+        raise RuntimeError(f"{PRODUCE_TOPIC}-0 is not held here")
+    check = functools.partial(partition.log._validate, memoryview(batch), leader=True)
+    compiled = batch_module._compiled_check
+    if compiled is None:
+        raise RuntimeError("storage._framing is not built: nothing compiled to measure")
+    try:
+        batch_module._compiled_check = None  # as where the module is not built
+        python = _calls_us(check, requests)
+    finally:
+        batch_module._compiled_check = compiled
+    return _calls_us(check, requests), python
+
+
+def _calls_us(call: Callable[[], object], requests: int) -> float:
     start = time.perf_counter()
     for _ in range(requests):
-        translate(offset)
+        call()
     return (time.perf_counter() - start) * 1e6 / requests
 
 
@@ -239,7 +265,8 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
     if batch_offset < 0:
         raise RuntimeError("the batch is not in the produce frame")
     runs: dict[str, list[float]] = {
-        "produce": [], "fetch": [], "fetch_v12": [], "raw": [], "lookup": [], "lookup_index": []
+        "produce": [], "fetch": [], "fetch_v12": [], "raw": [], "lookup": [], "lookup_index": [],
+        "validate": [], "validate_python": [],
     }  # fmt: skip
     warm_up = min(requests, 200)  # the first requests compile the codec's functions
     with fresh_broker(directory / "warm-up") as broker:
@@ -253,6 +280,9 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
             live, index = lookup_us(broker, records, requests)
             runs["lookup"].append(live)
             runs["lookup_index"].append(index)
+            compiled, python = validate_us(broker, batch, requests)
+            runs["validate"].append(compiled)
+            runs["validate_python"].append(python)
         with fresh_broker(directory / "logs") as broker:
             runs["fetch"].append(fetch_us(broker, feed, records, requests))
         with fresh_broker(directory / "logs") as broker:
@@ -268,6 +298,8 @@ def run(directory: Path, batch_bytes: int, requests: int, repeats: int) -> dict[
         "raw_us": best["raw"],
         "lookup_us": best["lookup"],
         "lookup_index_us": best["lookup_index"],
+        "validate_us": best["validate"],
+        "validate_python_us": best["validate_python"],
         "produce_ratio_to_raw": best["produce"] / best["raw"],
         "runs": runs,
         "records_per_batch": records,
@@ -303,6 +335,8 @@ def main(argv: Sequence[str] | None = None, *, report: Callable[[str], None] = p
     report(f"  ...the same by names             {result['fetch_v12_us']:7.1f} us (v12)")
     report(f"  head lookup, recent batches      {result['lookup_us']:7.2f} us")
     report(f"  ...by index and batch headers    {result['lookup_index_us']:7.2f} us")
+    report(f"  leader's batch checks, compiled  {result['validate_us']:7.2f} us")
+    report(f"  ...in Python                     {result['validate_python_us']:7.2f} us")
     report(json.dumps({"benchmark": "request_path", **result, "commit": commit, "dirty": dirty}))
 
 
