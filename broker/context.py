@@ -40,6 +40,7 @@ class BrokerSettings:
     controller_request_timeout_ms: int = 30_000
     fetch_sessions: SessionLimits = field(default_factory=SessionLimits)  # KIP-227
     log_defaults: LogConfig = field(default_factory=LogConfig)  # the node's [log] section
+    log_maintenance_interval_ms: int = 30_000  # flushes, retention, compaction, checkpoints
     replication: ReplicationSettings = field(default_factory=lambda: ReplicationSettings())
 
 

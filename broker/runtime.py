@@ -74,7 +74,6 @@ from storage.topic_partition import TopicPartition
 __all__ = ["CannotStart", "DataDirOffline", "KafkaBroker"]
 
 _log = logging.getLogger(__name__)
-LOG_MAINTENANCE_INTERVAL_MS = 30_000
 
 
 class CannotStart(Exception):
@@ -218,7 +217,7 @@ class KafkaBroker:
         self._applying = True
         self._apply(self._image)
         self._maintenance = loop.create_task(
-            self.logs.run_periodically(LOG_MAINTENANCE_INTERVAL_MS, self._stop),
+            self.logs.run_periodically(settings.log_maintenance_interval_ms, self._stop),
             name="log-maintenance",
         )
         replication = settings.replication

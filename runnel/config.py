@@ -156,6 +156,9 @@ class BrokerConfig:
     # ReadBatches calls held at once (a stalled one holds its gRPC slot until its client
     # goes); at most a quarter of raft_transport.max_concurrent_rpcs (checked below).
     replica_read_max_calls: int = 1_000
+    # How often the log maintenance pass runs (time-based flushes, retention, compaction,
+    # checkpoints), in a worker thread; each pass starts this long after the last one ended.
+    log_maintenance_interval_ms: int = 30_000
 
     def __post_init__(self) -> None:
         _at_least(
@@ -172,6 +175,7 @@ class BrokerConfig:
             "replica_read_write_timeout_ms",
             "replica_read_max_calls",
             "fetch_session_expiry_ms",
+            "log_maintenance_interval_ms",
         )
         _at_least(
             self,

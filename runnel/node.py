@@ -194,6 +194,7 @@ class RunnelNode:
                 expiry_ms=b.fetch_session_expiry_ms,
             ),
             log_defaults=config.log,
+            log_maintenance_interval_ms=b.log_maintenance_interval_ms,
             replication=ReplicationSettings(
                 replica_lag_time_max_ms=b.replica_lag_time_max_ms,
                 replica_fetch_wait_max_ms=b.replica_fetch_wait_max_ms,

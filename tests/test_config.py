@@ -321,6 +321,11 @@ CLIENT, CONTROLLER = "CLIENT://127.0.0.1:9092", "CONTROLLER://127.0.0.1:9093"
             "at least 1",
         ),
         (
+            {"broker": {"log_maintenance_interval_ms": 0}},
+            "broker.log_maintenance_interval_ms",
+            "at least 1",
+        ),
+        (
             {"broker": {"heartbeat_interval_ms": 9000}},
             "broker.heartbeat_interval_ms",
             "must be below controller.broker_session_timeout_ms (9000)",
