@@ -14,11 +14,11 @@ How a pass works (:func:`compact`):
      Kafka; an empty segment never stops the range). It always starts at the log's first
      segment.
    * the *dirty ratio* is bytes of cleanable segments at or after ``first_dirty_offset`` (what
-     the previous pass left uncleaned; the caller remembers ``CleanStats.clean_end_offset``)
+     earlier passes left uncleaned: the LogManager passes ``Log.compacted_below``, which
+     every group a pass cleans raises and which it persists, Kafka's cleaner checkpoint)
      over bytes of all cleanable segments. Without a previous pass everything is dirty (1.0).
      Below ``min_cleanable_dirty_ratio`` the pass does nothing. This is Kafka's measure, but
-     by whole segments and without a persisted cleaner checkpoint: after a restart the first
-     pass cleans again, which is harmless.
+     by whole segments.
 2. Map: read every record of the mapped range and keep, per key, its latest offset (keys are
    stored as 128-bit BLAKE2b digests, as Kafka stores MD5s, so memory per entry is bounded).
    Only keys of the cleanable range are added; later segments only raise existing entries,
@@ -47,7 +47,10 @@ How a pass works (:func:`compact`):
    A single segment in which nothing changes is not rewritten; a group of several always is,
    which merges the small (or empty) outputs of earlier passes. The output keeps the newest
    modification time of its sources, which ages segments that hold no timestamps.
-4. Swap, crash-safely: the output is written to ``<base>.log.cleaned``, fsynced, and then,
+4. Swap, crash-safely: the output is written to ``<base>.log.cleaned``, fsynced, the log's
+   ``compacted_below`` raised to the group's end and persisted by the owner
+   (``Log.note_compacted``: whoever compares replicas must know where one may have been
+   rewritten, also after a crash mid-swap), and then,
    under the log's lock after checking that none of the segments the map and the group came
    from was deleted, truncated or replaced meanwhile (if one was, the output is thrown away
    and the pass stops), renamed to ``swap_file_name(base, end)`` (``end``: the base offset of
@@ -322,9 +325,11 @@ def _clean_group(
         counts, written = _write_cleaned(cleaned, group, offset_map, plan.producers, log, now_ms)
         before = sum(s.size for s in group)
         if not counts.changed and count == 1:
+            log.note_compacted(end, rewritten=False)
             return CleanStats(clean_end_offset=end)
         _preserve_mtime(cleaned, group)
         fsync_path(cleaned)
+        log.note_compacted(end)  # durable before the rewritten bytes are
         with log._lock:
             if not _still_in_log(log, plan.run[start:]):
                 return None

@@ -202,6 +202,19 @@ class Log:
         # seed 41290 of its unclean shape). The owner must write the checkpoints before
         # anything is appended here again.
         self.on_offsets_lowered: Callable[[Log], None] | None = None
+        # Offsets below this may hold batches that compaction rewrote or removed: this log's
+        # cleaner (``note_compacted``, before it swaps a cleaned segment in) or, for a
+        # follower, its leader's (a fetched batch holding fewer records than its offsets
+        # span, or one after a gap in the offsets, comes from a cleaner: a leader's appends
+        # always hold one record per offset, with no gaps). Replicas are compacted
+        # independently, so they may differ below it; at and above it every batch is as the
+        # leader appended it. Kafka's cleaner checkpoint: the owner persists it
+        # (``on_compacted``) and sets it after loading.
+        self.compacted_below = 0
+        # Set by the owner: called by ``note_compacted`` after raising ``compacted_below``
+        # and before the cleaner replaces any segment, so that the raised value is durable
+        # before the rewritten bytes are.
+        self.on_compacted: Callable[[Log], None] | None = None
         self._check_offsets()
 
     # -- offsets ---------------------------------------------------------------------------
@@ -343,7 +356,10 @@ class Log:
                 f"offset {self._log_end_offset}"
             )
         batches = [BatchPosition(pos, h) for pos, h in headers]
+        compacted_end = _compacted_end(headers, self._log_end_offset)
         info = self._write(len(view), [view], batches, self._clock(), -1)
+        if compacted_end > self.compacted_below:
+            self.compacted_below = compacted_end
         for _, header in headers:
             epoch, latest = header.partition_leader_epoch, self.epoch_cache.latest_epoch
             if epoch != NO_PARTITION_LEADER_EPOCH and (latest is None or epoch > latest):
@@ -635,6 +651,7 @@ class Log:
         self._log_end_offset = active.read_next_offset()
         self.epoch_cache.truncate_from_end(self._log_end_offset)
         self.reload_producer_state()
+        self.compacted_below = min(self.compacted_below, self._log_end_offset)
         lowered = self._log_end_offset < self._high_watermark
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
         if self._log_end_offset < self._recovery_point:
@@ -678,6 +695,7 @@ class Log:
         lowered = offset < self._high_watermark or offset < self._recovery_point
         self._log_start_offset = self._high_watermark = self._log_end_offset = offset
         self._recovery_point = offset
+        self.compacted_below = 0
         if lowered:
             self._offsets_lowered()
 
@@ -713,6 +731,21 @@ class Log:
 
     # -- compaction ------------------------------------------------------------------------
     @_io_guarded
+    def note_compacted(self, end_offset: int, *, rewritten: bool = True) -> None:
+        """The cleaner is about to swap rewritten segments in below ``end_offset``
+        (``rewritten``), or found the segments below it clean: raise ``compacted_below`` to
+        it; for a rewrite, ``on_compacted`` persists it first. Raises LogDirOfflineError if
+        the log is offline or closed by then (the owner's write failed, or the log was
+        deleted): nothing may be swapped in."""
+        with self._lock:
+            if end_offset <= self.compacted_below:
+                return
+            self.compacted_below = end_offset
+        if rewritten and self.on_compacted is not None:
+            self.on_compacted(self)
+        with self._lock:
+            self._check_online()
+
     def replace_segments(self, old_bases: Sequence[int], swap_path: Path) -> LogSegment:
         """Swap a finished compaction output in for the segments at ``old_bases``.
 
@@ -876,6 +909,20 @@ class Log:
                 segment.close()
             self._offline = StorageError("closed")
             self._closed = True
+
+
+def _compacted_end(headers: Sequence[tuple[int, BatchHeader]], log_end_offset: int) -> int:
+    """For a follower's append at ``log_end_offset``: the offset after the last batch that
+    compaction rewrote (it holds fewer records than its offsets span: some were removed, or
+    it is an empty batch kept for its producer) or that follows a gap in the offsets (whole
+    batches were removed before it); 0 if none did."""
+    end, expected = 0, log_end_offset
+    for _, h in headers:
+        following = h.base_offset + h.last_offset_delta + 1
+        if h.base_offset > expected or h.record_count != h.last_offset_delta + 1:
+            end = following
+        expected = following
+    return end
 
 
 def _patched(

@@ -5,12 +5,14 @@ Each data directory holds partition directories (``<topic>-<partition>``) and th
     recovery-point-offset-checkpoint  per partition: first offset not known to be fsynced
     replication-offset-checkpoint     per partition: the high watermark
     log-start-offset-checkpoint       per partition: the log start offset
+    cleaner-offset-checkpoint         per compacted partition: ``Log.compacted_below``
     .kafka_cleanshutdown              present only between a clean shutdown and the next start
     .lock                             flock-ed while a manager owns the directory (dir_lock)
 
 At start-up the marker is read and removed (so a crash from then on is detected), and every
 partition is loaded, recovering it unless the shutdown was clean. The checkpoints are
-written by ``run_maintenance`` and whenever a log is created or deleted; and when a
+written by ``run_maintenance`` and whenever a log is created or deleted; the cleaner's also
+before compaction swaps a rewritten segment in (``Log.on_compacted``); and when a
 truncation moves a log's recovery point or high watermark down (``Log.on_offsets_lowered``), its
 directory's are written before the log can take another append: at once when no event loop
 runs in this thread, else by a callback at the loop's next turn, one for all the
@@ -55,6 +57,7 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 # How often maintenance forgets expired producer ids (Kafka's default for
 # producer.id.expiration.check.interval.ms).
 PRODUCER_EXPIRATION_CHECK_INTERVAL_MS = 10 * 60 * 1000
@@ -96,9 +99,6 @@ class LogManager:
         # stops on it (see broker/runtime.py).
         self.on_dir_offline: Callable[[Path, str], None] | None = None
         self.had_clean_shutdown: dict[Path, bool] = {}
-        # Where each compacted log's last cleaning pass ended (in memory: after a restart the
-        # first pass treats the whole log as dirty).
-        self._clean_end: dict[TopicPartition, int] = {}
         # Checkpoints are written from the maintenance thread and the broker's event loop
         # (high watermarks every few seconds); each file goes through one temp name.
         self._checkpoint_lock = threading.Lock()
@@ -163,6 +163,7 @@ class LogManager:
         recovery = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read()
         hws = OffsetCheckpointFile(data_dir / REPLICATION_CHECKPOINT).read()
         starts = OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).read()
+        compacted = OffsetCheckpointFile(data_dir / CLEANER_CHECKPOINT).read()
         for child in sorted(data_dir.iterdir()):
             if not child.is_dir() or child.name in self._foreign_dirs:
                 continue
@@ -180,7 +181,9 @@ class LogManager:
                 clock=self._clock,
                 on_offline=self._on_log_offline,
             )
-            log.on_offsets_lowered = self._offsets_lowered
+            # Recovery may have cut the log below it: nothing above the log end is rewritten.
+            log.compacted_below = min(compacted.get(tp, 0), log.log_end_offset)
+            self._watch(log)
             self._logs[tp], self._log_dir[tp] = log, data_dir
         if clean:
             marker.unlink()
@@ -224,14 +227,17 @@ class LogManager:
             clock=self._clock,
             on_offline=self._on_log_offline,
         )
-        log.on_offsets_lowered = self._offsets_lowered
+        self._watch(log)
         self._logs[tp], self._log_dir[tp] = log, data_dir
         return log
+
+    def _watch(self, log: Log) -> None:
+        log.on_offsets_lowered = self._offsets_lowered
+        log.on_compacted = self._compacted
 
     def delete_log(self, tp: TopicPartition) -> None:
         log = self._logs.pop(tp, None)
         data_dir = self._log_dir.pop(tp, None)
-        self._clean_end.pop(tp, None)
         if log is None or data_dir is None:
             return
         log.abandon()
@@ -313,7 +319,7 @@ class LogManager:
         """One compaction pass; an I/O error takes the directory offline, any other storage
         error (a corrupt batch, a too-small offset map) is reported and retried next time."""
         try:
-            stats = compact(log, now_ms, first_dirty_offset=self._clean_end.get(tp))
+            compact(log, now_ms, first_dirty_offset=log.compacted_below)
         except OSError as e:
             if out_of_descriptors(e):
                 _log.error("compaction of %s failed: %s (ulimit -n)", tp, e)
@@ -325,8 +331,12 @@ class LogManager:
         except StorageError as e:
             _log.error("compaction of %s failed: %s", tp, e)
             return
-        if stats.clean_end_offset >= 0:
-            self._clean_end[tp] = stats.clean_end_offset
+
+    def _compacted(self, log: Log) -> None:
+        """Compaction is about to swap a rewritten segment into ``log`` (the maintenance
+        thread): its directory's checkpoints, ``compacted_below`` with them, first. A
+        failed write takes the directory offline, and the log refuses the swap."""
+        self.checkpoint(log.dir.parent)
 
     def _offsets_lowered(self, log: Log) -> None:
         """A truncation moved ``log``'s recovery point or high watermark down: write its
@@ -348,7 +358,7 @@ class LogManager:
                 self.checkpoint(data_dir)
 
     def checkpoint(self, data_dir: Path, *, include_closed: bool = False) -> None:
-        """Write the three offset checkpoints of ``data_dir``. Thread-safe: one writer at a
+        """Write the four offset checkpoints of ``data_dir``. Thread-safe: one writer at a
         time (each file is written to the same temp name, then renamed)."""
         with self._checkpoint_lock:
             self._checkpoint(data_dir, include_closed)
@@ -367,6 +377,9 @@ class LogManager:
             )
             OffsetCheckpointFile(data_dir / LOG_START_CHECKPOINT).write(
                 {tp: log.log_start_offset for tp, log in logs.items()}
+            )
+            OffsetCheckpointFile(data_dir / CLEANER_CHECKPOINT).write(
+                {tp: log.compacted_below for tp, log in logs.items() if log.compacted_below}
             )
         except OSError as e:
             if out_of_descriptors(e):  # a limit, not a failed disk: written again next time
