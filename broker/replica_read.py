@@ -219,10 +219,15 @@ class ReadPlan:
     log_start_offset: int
     high_watermark: int
     log_end_offset: int
+    compacted_below: int = 0  # the replica's Log.compacted_below
 
 
 def plan_read(
-    request: rpb.ReadBatchesRequest, log_start_offset: int, high_watermark: int, log_end: int
+    request: rpb.ReadBatchesRequest,
+    log_start_offset: int,
+    high_watermark: int,
+    log_end: int,
+    compacted_below: int = 0,
 ) -> ReadPlan:
     """Check ``request`` against the replica's offsets; raises InvalidRequest or
     OffsetOutOfRange."""
@@ -240,7 +245,9 @@ def plan_read(
         if request.end_offset < start:
             raise InvalidRequest(f"end_offset {request.end_offset} is below the start {start}")
         end = min(end, request.end_offset)
-    return ReadPlan(start, end, max_batches, log_start_offset, high_watermark, log_end)
+    return ReadPlan(
+        start, end, max_batches, log_start_offset, high_watermark, log_end, compacted_below
+    )
 
 
 def _upper_bound(bound: int, high_watermark: int, log_end: int) -> int:
@@ -412,6 +419,7 @@ class ReplicaReadService(replica_pb2_grpc.ReplicaReadServiceServicer):
             log_end_offset=plan.log_end_offset,
             next_offset=cursor.next_offset,
             end_reached=cursor.done,
+            compacted_below=plan.compacted_below,
         )
 
 
@@ -419,7 +427,13 @@ def _start(log: Log, request: rpb.ReadBatchesRequest) -> tuple[ReadPlan, HeaderC
     """The plan and a cursor over the segments as they are now (read on the event loop, so
     the offsets and the segment list belong together)."""
     _check_readable(log)
-    plan = plan_read(request, log.log_start_offset, log.high_watermark, log.log_end_offset)
+    plan = plan_read(
+        request,
+        log.log_start_offset,
+        log.high_watermark,
+        log.log_end_offset,
+        log.compacted_below,
+    )
     return plan, HeaderCursor(log.segments, plan.start_offset, plan.end_offset)
 
 

@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13proto/replica.proto\x12\x0erunnel.replica\"\xe2\x01\n\x12ReadBatchesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x19\n\x0cstart_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nend_offset\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12/\n\x0bupper_bound\x18\x06 \x01(\x0e\x32\x1a.runnel.replica.UpperBound\x12\x13\n\x0bmax_batches\x18\x07 \x01(\x05\x42\x0f\n\r_start_offsetB\r\n\x0b_end_offset\"l\n\tBatchMeta\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x13\n\x0blast_offset\x18\x02 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x0b\n\x03\x63rc\x18\x04 \x01(\r\x12\x12\n\nsize_bytes\x18\x05 \x01(\x05\"\xc5\x01\n\x10ReadBatchesChunk\x12*\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x19.runnel.replica.BatchMeta\x12\x11\n\tbroker_id\x18\x02 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x03 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x13\n\x0b\x65nd_reached\x18\x07 \x01(\x08*-\n\nUpperBound\x12\x0b\n\x07LOG_END\x10\x00\x12\x12\n\x0eHIGH_WATERMARK\x10\x01\x32k\n\x12ReplicaReadService\x12U\n\x0bReadBatches\x12\".runnel.replica.ReadBatchesRequest\x1a .runnel.replica.ReadBatchesChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13proto/replica.proto\x12\x0erunnel.replica\"\xe2\x01\n\x12ReadBatchesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08topic_id\x18\x03 \x01(\x0c\x12\x19\n\x0cstart_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nend_offset\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12/\n\x0bupper_bound\x18\x06 \x01(\x0e\x32\x1a.runnel.replica.UpperBound\x12\x13\n\x0bmax_batches\x18\x07 \x01(\x05\x42\x0f\n\r_start_offsetB\r\n\x0b_end_offset\"l\n\tBatchMeta\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x13\n\x0blast_offset\x18\x02 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x0b\n\x03\x63rc\x18\x04 \x01(\r\x12\x12\n\nsize_bytes\x18\x05 \x01(\x05\"\xde\x01\n\x10ReadBatchesChunk\x12*\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x19.runnel.replica.BatchMeta\x12\x11\n\tbroker_id\x18\x02 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x03 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x13\n\x0b\x65nd_reached\x18\x07 \x01(\x08\x12\x17\n\x0f\x63ompacted_below\x18\x08 \x01(\x03*-\n\nUpperBound\x12\x0b\n\x07LOG_END\x10\x00\x12\x12\n\x0eHIGH_WATERMARK\x10\x01\x32k\n\x12ReplicaReadService\x12U\n\x0bReadBatches\x12\".runnel.replica.ReadBatchesRequest\x1a .runnel.replica.ReadBatchesChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.replica_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UPPERBOUND']._serialized_start=578
-  _globals['_UPPERBOUND']._serialized_end=623
+  _globals['_UPPERBOUND']._serialized_start=603
+  _globals['_UPPERBOUND']._serialized_end=648
   _globals['_READBATCHESREQUEST']._serialized_start=40
   _globals['_READBATCHESREQUEST']._serialized_end=266
   _globals['_BATCHMETA']._serialized_start=268
   _globals['_BATCHMETA']._serialized_end=376
   _globals['_READBATCHESCHUNK']._serialized_start=379
-  _globals['_READBATCHESCHUNK']._serialized_end=576
-  _globals['_REPLICAREADSERVICE']._serialized_start=625
-  _globals['_REPLICAREADSERVICE']._serialized_end=732
+  _globals['_READBATCHESCHUNK']._serialized_end=601
+  _globals['_REPLICAREADSERVICE']._serialized_start=650
+  _globals['_REPLICAREADSERVICE']._serialized_end=757
 # @@protoc_insertion_point(module_scope)

@@ -47,7 +47,7 @@ class BatchMeta(_message.Message):
     def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., crc: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ReadBatchesChunk(_message.Message):
-    __slots__ = ("batches", "broker_id", "log_start_offset", "high_watermark", "log_end_offset", "next_offset", "end_reached")
+    __slots__ = ("batches", "broker_id", "log_start_offset", "high_watermark", "log_end_offset", "next_offset", "end_reached", "compacted_below")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class ReadBatchesChunk(_message.Message):
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_REACHED_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_BELOW_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[BatchMeta]
     broker_id: int
     log_start_offset: int
@@ -62,4 +63,5 @@ class ReadBatchesChunk(_message.Message):
     log_end_offset: int
     next_offset: int
     end_reached: bool
-    def __init__(self, batches: _Optional[_Iterable[_Union[BatchMeta, _Mapping]]] = ..., broker_id: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., end_reached: _Optional[bool] = ...) -> None: ...
+    compacted_below: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[BatchMeta, _Mapping]]] = ..., broker_id: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., end_reached: _Optional[bool] = ..., compacted_below: _Optional[int] = ...) -> None: ...

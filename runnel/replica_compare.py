@@ -7,6 +7,10 @@ on each broker) and know different high watermarks, so only the range every repl
 is compared (``comparison_range``): from the largest log start offset to the smallest high
 watermark. A batch is in the range when its last offset is; a batch holding the largest log
 start offset still exists whole on every replica, since logs are deleted a segment at a time.
+Compaction runs on each broker on its own too: below a replica's ``compacted_below`` its
+batches may have been rewritten or removed (by its cleaner, or its leader's), so two correct
+replicas of a compacted partition may differ there. The range starts at the largest
+``compacted_below`` too: above it every replica holds the leader's batches as appended.
 
 ``compare_batches`` lines each replica's batches up against a reference replica's (the
 leader, when it answered), in offset order, and reports the first place where each replica
@@ -63,6 +67,7 @@ class ReplicaBatches:
     log_start_offset: int
     high_watermark: int
     batches: Sequence[BatchMeta]
+    compacted_below: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +100,18 @@ class ReplicaOffsets(Protocol):
     @property
     def high_watermark(self) -> int: ...
 
+    @property
+    def compacted_below(self) -> int: ...
+
 
 def comparison_range(replicas: Iterable[ReplicaOffsets]) -> tuple[int, int]:
-    """[largest log start offset, smallest high watermark): what every replica claims.
-    Empty (start >= end) when a replica's log starts above another's high watermark."""
+    """[largest log start offset or ``compacted_below``, smallest high watermark): what every
+    replica claims, as its leader appended it. Empty (start >= end) when a replica's log
+    starts (or is compacted) above another's high watermark."""
     replicas = list(replicas)
     if not replicas:
         return 0, 0
-    start = max(r.log_start_offset for r in replicas)
+    start = max(max(r.log_start_offset, r.compacted_below) for r in replicas)
     return start, min(r.high_watermark for r in replicas)
 
 

@@ -6,7 +6,8 @@ How this works. The active controller names the brokers with their listeners
 (DescribeCluster) and every partition with its replicas and leader (DescribeTopics, for one
 topic or all); ``replicas_verify.py`` then reads each replica's batch metadata from its
 broker (``ReadBatches``, ``proto/replica.proto``) and compares them below the smallest high
-watermark (``replica_compare.py``). One line per partition says ``ok``, ``DIVERGED`` (then
+watermark and above where compaction, which each broker runs on its own, may have rewritten
+any replica (``replica_compare.py``). One line per partition says ``ok``, ``DIVERGED`` (then
 one indented line per replica that differs from the reference: the first differing offset
 and what differs) or ``NOT CHECKED`` (then why, per replica); a last line sums up. With
 ``--json``, one JSON object holds the same.
@@ -120,6 +121,8 @@ def _partition_line(r: PartitionReport) -> str:
         what = (
             f"offsets [{r.start_offset}, {r.end_offset}), {_batches(r.batches_compared)} compared"
         )
+    if r.compacted_below and r.compacted_below >= r.start_offset:
+        what += f"; below {r.compacted_below} compacted on its own by each replica, not compared"
     return f"{name}: {status}: replicas {replicas}; {what}"
 
 
@@ -174,6 +177,7 @@ def _partition_json(r: PartitionReport) -> dict[str, Any]:
         "ok": r.ok,
         "start_offset": r.start_offset,
         "end_offset": r.end_offset,
+        "compacted_below": r.compacted_below,
         "replicas_read": _replicas_read(r),
         "batches_compared": _compared(r),
         "divergences": [

@@ -4,12 +4,13 @@ prints the reports).
 
 How this works. A partition's replicas are read concurrently, one page
 (``PAGE_BATCHES`` batch metas, one ``ReadBatches`` call) at a time, each up to its own high
-watermark. The first page of every replica gives its log start offset and high watermark,
-hence the range to compare (``replica_compare.comparison_range``); later pages are asked for
-within it. Comparison goes window by window: a window holds the batches whose base offset
-is below the smallest offset any replica has not been read to yet, so every replica's part
-of it is complete, and each replica holds at most about two pages in memory, however long
-its log. Only the replicas that are furthest behind are asked for their next page.
+watermark. The first page of every replica gives its log start offset, high watermark and
+``compacted_below``, hence the range to compare (``replica_compare.comparison_range``); later
+pages are asked for within it. Comparison goes window by window: a window holds the batches
+whose base offset is below the smallest offset any replica has not been read to yet, so
+every replica's part of it is complete, and each replica holds at most about two pages in
+memory, however long its log. Only the replicas that are furthest behind are asked for
+their next page.
 
 A replica that cannot be read (its broker is not registered, has no replica-read listener,
 does not answer within ``RPC_TIMEOUT_S``, or answers an error) is reported as not checked
@@ -86,6 +87,9 @@ class PartitionReport:
     batches_compared: int
     divergences: tuple[Divergence, ...]
     not_checked: Mapping[int, str]
+    # The largest compacted_below of the replicas read: replicas are compacted independently,
+    # so below it they are not compared (start_offset is at least this).
+    compacted_below: int = 0
 
     @property
     def ok(self) -> bool:
@@ -130,6 +134,7 @@ class _Page(NamedTuple):
     batches: list[BatchMeta]
     next_offset: int
     end_reached: bool
+    compacted_below: int
 
 
 class _Unreadable(Exception):
@@ -181,7 +186,12 @@ async def _read_page(call: ReadCall, broker_id: int, request: rpb.ReadBatchesReq
     if not last.end_reached and (not batches or last.next_offset <= asked):
         raise _Unreadable(f"ReadBatches made no progress from offset {asked}")
     return _Page(
-        last.log_start_offset, last.high_watermark, batches, last.next_offset, last.end_reached
+        last.log_start_offset,
+        last.high_watermark,
+        batches,
+        last.next_offset,
+        last.end_reached,
+        last.compacted_below,
     )
 
 
@@ -231,6 +241,7 @@ class _Replica:
     broker_id: int
     log_start_offset: int
     high_watermark: int
+    compacted_below: int
     next_offset: int = 0
     end_reached: bool = False
     buffer: list[BatchMeta] = field(default_factory=list)
@@ -268,17 +279,25 @@ async def _verify(target: PartitionTarget, brokers: _Brokers) -> PartitionReport
         if isinstance(got, str):
             not_checked[b] = got
         else:
-            replicas[b] = _Replica(b, got.log_start_offset, got.high_watermark)
+            replicas[b] = _Replica(b, got.log_start_offset, got.high_watermark, got.compacted_below)
             replicas[b].add(got)
     if not replicas:
         return PartitionReport(target, None, 0, 0, 0, (), not_checked)
     reference = target.leader if target.leader in replicas else min(replicas)
     start, end = comparison_range(replicas.values())
+    compacted_below = max(r.compacted_below for r in replicas.values())
     compared, divergences = await _compare_windows(
         target, brokers, replicas, reference, (start, end), not_checked
     )
     return PartitionReport(
-        target, reference, start, end, compared, tuple(divergences.values()), not_checked
+        target,
+        reference,
+        start,
+        end,
+        compared,
+        tuple(divergences.values()),
+        not_checked,
+        compacted_below,
     )
 
 

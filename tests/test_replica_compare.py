@@ -104,6 +104,26 @@ def test_nothing_is_compared_when_no_offset_is_claimed_by_every_replica() -> Non
     assert (result.batches_compared, result.divergences) == (0, ())
 
 
+def test_nothing_below_where_any_replica_may_be_compacted_is_compared() -> None:
+    """Each replica compacts on its own: below a replica's compacted_below its batches may
+    be rewritten (other CRCs, sizes) or gone, and that is no divergence."""
+    compacted = [b._replace(crc=0xC1EA0000 + b.base_offset) for b in batches(4)] + batches(
+        6, start=8
+    )
+    del compacted[1]  # a batch the cleaner removed whole
+    as_appended = ReplicaBatches(1, 0, 20, batches(10))
+    cleaned = ReplicaBatches(2, 0, 20, compacted, compacted_below=8)
+    assert comparison_range([as_appended, cleaned]) == (8, 20)
+    result = compare_replicas([as_appended, cleaned], 1)
+    assert (result.start_offset, result.batches_compared, result.divergences) == (8, 6, ())
+    # Above it a difference is still one.
+    compacted[-1] = compacted[-1]._replace(size_bytes=7)
+    assert only(compare_replicas([as_appended, cleaned], 1).divergences).offset == 18
+    # The largest of the replicas' values counts, and a log start above it wins.
+    other = ReplicaBatches(3, 12, 20, batches(4, start=12), compacted_below=4)
+    assert comparison_range([as_appended, cleaned, other]) == (12, 20)
+
+
 def test_the_reference_is_whichever_replica_is_named() -> None:
     theirs = batches(10)
     theirs[0] = theirs[0]._replace(size_bytes=1)

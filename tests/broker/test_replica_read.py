@@ -49,10 +49,12 @@ from runnel.node import RunnelNode
 from runnel.replica_compare import BatchMeta
 from runnel.replicas_verify import PartitionTarget, replica_read_addresses, verify_partitions
 from storage.batch import HEADER_SIZE
+from storage.cleaner import compact
 from storage.config import LogConfig
 from storage.loader import load_log
 from storage.log import Log
 from storage.log_manager import LogManager
+from storage.records import RecordInput, build_batch
 
 T = TypeVar("T")
 WAIT_S = 30.0  # any one test's asyncio part
@@ -649,6 +651,79 @@ def test_a_single_replica_is_not_called_agreement(
     assert (pair["replicas_read"], pair["batches_compared"]) == (2, 3)
     assert (single["ok"], single["replicas_read"], single["batches_compared"]) == (True, 1, 0)
     assert single["end_offset"] == 2 and report["batches_compared"] == 3
+
+
+def keyed_history(*logs: Log, count: int = 60, keys: int = 4) -> None:
+    """The same keyed batches (one record each, ``keys`` keys in turn) appended to every log
+    as a follower would, then rolled and committed: the whole history is cleanable."""
+    for i in range(count):
+        data = build_batch(
+            [RecordInput(b"k%d" % (i % keys), b"v%03d-" % i + b"x" * 40, 1_700_000_000_000)],
+            base_offset=i,
+            partition_leader_epoch=1,
+        )
+        for log in logs:
+            log.append_as_follower(data)
+    for log in logs:
+        log.roll()
+        log.update_high_watermark(log.log_end_offset)
+
+
+def test_replicas_compacted_on_their_own_are_compared_above_where_compaction_reached(
+    tmp_path: Path, small_pages: None, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """One replica compacted, the other not yet: below the compacted one's compacted_below
+    their batches differ and nothing is wrong; above it they must agree, and a difference
+    there is still a divergence."""
+    config = LogConfig(cleanup_policy="compact", segment_bytes=1024, retention_ms=None)
+    one = load_log(tmp_path / "a" / "t-0", config, clock=FakeClock())
+    two = load_log(tmp_path / "b" / "t-0", config, clock=FakeClock())
+    try:
+        keyed_history(one, two)
+        compact(one, 1_700_000_000_000)
+        assert stored(one) != stored(two) and one.compacted_below == 60
+        (chunk,) = call_once(Logs(1, {"t-0": one}), request())
+        assert chunk.compacted_below == 60
+        (chunk,) = call_once(Logs(2, {"t-0": two}), request())
+        assert chunk.compacted_below == 0
+        for log in (one, two):
+            for i in range(60, 66):  # the same batches above it: they must agree
+                log.append_as_follower(batch(i))
+            log.update_high_watermark(log.log_end_offset)
+        sources = [Logs(1, {"t-0": one}), Logs(2, {"t-0": two})]
+
+        report = verify(sources)
+
+        assert report.ok, report.divergences
+        assert (report.start_offset, report.end_offset, report.compacted_below) == (60, 66, 60)
+        assert report.batches_compared == 6
+
+        targets = [PartitionTarget("t", b"", 0, (1, 2), 1)]
+
+        async def command(*args: str) -> int:
+            async with serving(*sources) as (first, second):
+                brokers = [broker(1, ("REPLICATION", first)), broker(2, ("REPLICATION", second))]
+                monkeypatch.setattr(replicas_command, "_describe", lambda _: (targets, brokers))
+                return await asyncio.to_thread(cli.main, ["replicas", "verify", *args])
+
+        assert run(command) == 0
+        assert capsys.readouterr().out.splitlines()[0] == (
+            "t-0: ok: replicas 1 (leader), 2; offsets [60, 66), 6 batches compared; "
+            "below 60 compacted on its own by each replica, not compared"
+        )
+        assert run(lambda: command("--json")) == 0
+        (partition,) = json.loads(capsys.readouterr().out)["partitions"]
+        assert (partition["start_offset"], partition["compacted_below"]) == (60, 60)
+
+        one.append_as_follower(batch(66))  # a real difference above it
+        two.append_as_follower(batch(66, tag="w"))
+        for log in (one, two):
+            log.update_high_watermark(log.log_end_offset)
+        (divergence,) = verify(sources).divergences
+        assert (divergence.replica, divergence.offset, divergence.fields) == (2, 66, ("crc",))
+    finally:
+        one.close()
+        two.close()
 
 
 # -- on a node ---------------------------------------------------------------------------------
