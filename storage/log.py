@@ -730,7 +730,6 @@ class Log:
         self.producer_state.remove_expired(now_ms)
 
     # -- compaction ------------------------------------------------------------------------
-    @_io_guarded
     def note_compacted(self, end_offset: int, *, rewritten: bool = True) -> None:
         """The cleaner is about to swap rewritten segments in below ``end_offset``
         (``rewritten``), or found the segments below it clean: raise ``compacted_below`` to
@@ -746,6 +745,7 @@ class Log:
         with self._lock:
             self._check_online()
 
+    @_io_guarded
     def replace_segments(self, old_bases: Sequence[int], swap_path: Path) -> LogSegment:
         """Swap a finished compaction output in for the segments at ``old_bases``.
 

@@ -4,6 +4,7 @@ property test against a dictionary model."""
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -17,10 +18,11 @@ from hypothesis import strategies as st
 from support import FakeClock
 
 import storage.cleaner as cleaner
+import storage.log
 from storage.batch import CompressionType, validate_batch
 from storage.cleaner import CleanStats, OffsetMapFullError, compact
 from storage.config import LogConfig
-from storage.errors import InconsistentLogError
+from storage.errors import InconsistentLogError, LogDirOfflineError
 from storage.loader import load_log, swap_file_name
 from storage.log import Isolation, Log
 from storage.log_manager import LogManager
@@ -569,6 +571,23 @@ def test_a_pass_racing_a_truncation_throws_its_output_away(
     assert stats.segments_cleaned == 0
     assert [o for o, _, _ in truncated] == list(range(20))
     assert not list(log.dir.glob("*.cleaned")) and not list(log.dir.glob("*.swap"))
+
+
+def test_an_io_error_in_the_swap_takes_the_log_offline(
+    open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = open_log(CONFIG)
+    fill(log, 40, keys=4)
+    commit_and_roll(log)
+
+    def failing_open(*args: Any, **kwargs: Any) -> LogSegment:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(storage.log, "open_segment", failing_open)
+
+    with pytest.raises(LogDirOfflineError, match="I/O error, log taken offline"):
+        compact(log, 1_700_000_000_000)
+    assert log.offline
 
 
 # -- limits and wiring ---------------------------------------------------------------------
