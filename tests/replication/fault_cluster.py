@@ -899,6 +899,20 @@ class Cluster:
         return self.wait_full_isr(topic, timeout_s)
 
     # -- offsets and records ---------------------------------------------------------------
+    def acks_all_producer(self) -> Producer:
+        """A producer to the live brokers with acks=all and the client's retries (it
+        reports through its delivery callbacks, quietly otherwise)."""
+        return Producer(
+            {
+                "bootstrap.servers": ",".join(self.address(b) for b in self.live()),
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 30_000,
+                "logger": NULL_LOGGER,
+                "error_cb": lambda _: None,
+            }
+        )
+
     def consumer(self, **config: Any) -> Consumer:
         return Consumer(
             {

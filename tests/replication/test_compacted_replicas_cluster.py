@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import fault_cluster as rc
-from confluent_kafka import Producer
 from test_local_cluster import runnel
 
 from runnel.segment_reader import find_segments
@@ -39,16 +38,7 @@ def produce_round(c: rc.Cluster, round_number: int, table: dict[str, str]) -> No
     """``PER_ROUND`` keyed records over ``KEYS`` keys with acks=all, every one acknowledged;
     ``table`` gets each key's latest value."""
     errors: list[str] = []
-    producer = Producer(
-        {
-            "bootstrap.servers": ",".join(c.address(b) for b in c.live()),
-            "acks": "all",
-            "linger.ms": 5,
-            "message.timeout.ms": 30_000,
-            "logger": rc.NULL_LOGGER,
-            "error_cb": lambda _: None,
-        }
-    )
+    producer = c.acks_all_producer()
     for i in range(PER_ROUND):
         key, value = f"k{i % KEYS:03d}", f"round {round_number} record {i} " + "x" * 80
         producer.produce(

@@ -23,7 +23,6 @@ from typing import Any
 
 import fault_cluster as rc
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from broker.replica_manager import read_partition_metadata
@@ -45,16 +44,7 @@ def produce(c: Any, values: list[str], per_batch: int = 100) -> None:
     """acks=all to partition 0, in order, ``per_batch`` values at a time (a flush each: a
     batch each); every value must be acknowledged."""
     errors: list[str] = []
-    producer = Producer(
-        {
-            "bootstrap.servers": ",".join(c.address(b) for b in c.live()),
-            "acks": "all",
-            "linger.ms": 5,
-            "message.timeout.ms": 30_000,
-            "logger": rc.NULL_LOGGER,
-            "error_cb": lambda _: None,
-        }
-    )
+    producer = c.acks_all_producer()
     for start in range(0, len(values), per_batch):
         for value in values[start : start + per_batch]:
             producer.produce(
