@@ -9,8 +9,10 @@ watermark. A batch is in the range when its last offset is; a batch holding the 
 start offset still exists whole on every replica, since logs are deleted a segment at a time.
 Compaction runs on each broker on its own too: below a replica's ``compacted_below`` its
 batches may have been rewritten or removed (by its cleaner, or its leader's), so two correct
-replicas of a compacted partition may differ there. The range starts at the largest
-``compacted_below`` too: above it every replica holds the leader's batches as appended.
+replicas of a compacted partition may differ there in CRC and size, and either may lack a
+batch the other holds. A cleaner never moves, splits or merges a batch, nor changes its
+offsets or leader epoch, though: below the largest ``compacted_below`` batches are compared
+by those alone (``first_compacted_difference``), above it byte for byte.
 
 ``compare_batches`` lines each replica's batches up against a reference replica's (the
 leader, when it answered), in offset order, and reports the first place where each replica
@@ -39,13 +41,16 @@ __all__ = [
     "ReplicaBatches",
     "ReplicaOffsets",
     "compare_batches",
+    "compacted_end",
     "compare_replicas",
     "comparison_range",
+    "first_compacted_difference",
     "first_difference",
     "in_range",
 ]
 
 COMPARED_FIELDS = ("last_offset", "leader_epoch", "crc", "size_bytes")
+COMPACTED_FIELDS = ("last_offset", "leader_epoch")  # what compaction keeps of a batch
 
 
 class BatchMeta(NamedTuple):
@@ -105,14 +110,19 @@ class ReplicaOffsets(Protocol):
 
 
 def comparison_range(replicas: Iterable[ReplicaOffsets]) -> tuple[int, int]:
-    """[largest log start offset or ``compacted_below``, smallest high watermark): what every
-    replica claims, as its leader appended it. Empty (start >= end) when a replica's log
-    starts (or is compacted) above another's high watermark."""
+    """[largest log start offset, smallest high watermark): what every replica claims.
+    Empty (start >= end) when a replica's log starts above another's high watermark."""
     replicas = list(replicas)
     if not replicas:
         return 0, 0
-    start = max(max(r.log_start_offset, r.compacted_below) for r in replicas)
+    start = max(r.log_start_offset for r in replicas)
     return start, min(r.high_watermark for r in replicas)
+
+
+def compacted_end(replicas: Iterable[ReplicaOffsets]) -> int:
+    """The largest ``compacted_below``: below it replicas are compared as compaction leaves
+    them (``first_compacted_difference``)."""
+    return max((r.compacted_below for r in replicas), default=0)
 
 
 def in_range(batches: Iterable[BatchMeta], start: int, end: int) -> list[BatchMeta]:
@@ -138,17 +148,55 @@ def first_difference(reference: Sequence[BatchMeta], other: Sequence[BatchMeta])
     return None
 
 
+def first_compacted_difference(
+    reference: Sequence[BatchMeta], other: Sequence[BatchMeta]
+) -> tuple[BatchMeta, BatchMeta] | None:
+    """Where ``other`` differs from ``reference`` (both in offset order) in a way compaction
+    cannot explain: two batches with the same base offset but another last offset or leader
+    epoch, or two batches that overlap without starting at the same offset. A batch only
+    one of them holds is fine (the other's cleaner removed it), and so are other CRCs and
+    sizes (rewritten). None when nothing such is found."""
+    i = j = 0
+    while i < len(reference) and j < len(other):
+        ours, theirs = reference[i], other[j]
+        if ours.base_offset == theirs.base_offset:
+            if (ours.last_offset, ours.leader_epoch) != (theirs.last_offset, theirs.leader_epoch):
+                return ours, theirs
+            i, j = i + 1, j + 1
+        elif ours.base_offset < theirs.base_offset:
+            if ours.last_offset >= theirs.base_offset:
+                return ours, theirs
+            i += 1
+        else:
+            if theirs.last_offset >= ours.base_offset:
+                return ours, theirs
+            j += 1
+    return None
+
+
 def compare_batches(
-    reference: int, batches: Mapping[int, Sequence[BatchMeta]], start: int, end: int
+    reference: int,
+    batches: Mapping[int, Sequence[BatchMeta]],
+    start: int,
+    end: int,
+    compacted_below: int = 0,
 ) -> tuple[int, list[Divergence]]:
     """Compare every replica's batches in [start, end) with ``reference``'s (a key of
-    ``batches``, by broker id). Returns (the reference's batches compared, divergences)."""
+    ``batches``, by broker id): those ending below ``compacted_below`` as compaction leaves
+    them, the rest byte for byte. Returns (the reference's batches compared, divergences)."""
     ours = in_range(batches[reference], start, end)
+    split = max(start, min(compacted_below, end))
+    ours_compacted, ours_as_appended = in_range(ours, start, split), in_range(ours, split, end)
     divergences = []
     for broker_id in sorted(batches):
         if broker_id == reference:
             continue
-        found = first_difference(ours, in_range(batches[broker_id], start, end))
+        theirs = in_range(batches[broker_id], start, end)
+        compacted = first_compacted_difference(ours_compacted, in_range(theirs, start, split))
+        if compacted is not None:
+            divergences.append(_compacted_divergence(reference, broker_id, *compacted))
+            continue
+        found = first_difference(ours_as_appended, in_range(theirs, split, end))
         if found is not None:
             divergences.append(_divergence(reference, broker_id, *found))
     return len(ours), divergences
@@ -173,11 +221,30 @@ def _divergence(
     raise InvariantViolation("a difference has a batch on one side at least")
 
 
+def _compacted_divergence(
+    reference: int, replica: int, ours: BatchMeta, theirs: BatchMeta
+) -> Divergence:
+    if ours.base_offset != theirs.base_offset:
+        detail = (
+            f"batch {_span(ours)} of {reference} overlaps batch {_span(theirs)} of {replica} "
+            "(below where compaction reached)"
+        )
+        return Divergence(
+            reference, replica, min(ours.base_offset, theirs.base_offset), ("overlap",), detail
+        )
+    fields = tuple(f for f in COMPACTED_FIELDS if getattr(ours, f) != getattr(theirs, f))
+    shown = ", ".join(
+        f"{f} {getattr(ours, f)} on {reference}, {getattr(theirs, f)} on {replica}" for f in fields
+    )
+    detail = f"batch at {ours.base_offset}: {shown} (below where compaction reached)"
+    return Divergence(reference, replica, ours.base_offset, fields, detail)
+
+
 def compare_replicas(replicas: Sequence[ReplicaBatches], reference: int) -> Comparison:
     """Compare complete lists: the range every replica claims, against ``reference``."""
     start, end = comparison_range(replicas)
     by_id = {r.broker_id: r.batches for r in replicas}
-    compared, divergences = compare_batches(reference, by_id, start, end)
+    compared, divergences = compare_batches(reference, by_id, start, end, compacted_end(replicas))
     return Comparison(start, end, compared, tuple(divergences))
 
 

@@ -6,11 +6,12 @@ How this works. The active controller names the brokers with their listeners
 (DescribeCluster) and every partition with its replicas and leader (DescribeTopics, for one
 topic or all); ``replicas_verify.py`` then reads each replica's batch metadata from its
 broker (``ReadBatches``, ``proto/replica.proto``) and compares them below the smallest high
-watermark and above where compaction, which each broker runs on its own, may have rewritten
-any replica (``replica_compare.py``). One line per partition says ``ok``, ``DIVERGED`` (then
-one indented line per replica that differs from the reference: the first differing offset
-and what differs) or ``NOT CHECKED`` (then why, per replica); a last line sums up. With
-``--json``, one JSON object holds the same.
+watermark, byte for byte above where compaction (which each broker runs on its own) may
+have rewritten a replica and by offsets and leader epochs below it (``replica_compare.py``).
+One line per partition says ``ok``, ``DIVERGED`` (then one indented line per replica that
+differs from the reference: the first differing offset and what differs) or ``NOT CHECKED``
+(then why, per replica); a last line sums up. With ``--json``, one JSON object holds the
+same.
 
 A partition of which only one replica was read has nothing to compare: its line says so
 (``only one replica``) and it is not counted as agreement. With replication factor 1 that is
@@ -121,8 +122,11 @@ def _partition_line(r: PartitionReport) -> str:
         what = (
             f"offsets [{r.start_offset}, {r.end_offset}), {_batches(r.batches_compared)} compared"
         )
-    if r.compacted_below and r.compacted_below >= r.start_offset:
-        what += f"; below {r.compacted_below} compacted on its own by each replica, not compared"
+    if r.compacted_below > r.start_offset and r.start_offset < r.end_offset:
+        what += (
+            f"; below {r.compacted_below} (compacted by each replica on its own) "
+            "by offsets and leader epoch only"
+        )
     return f"{name}: {status}: replicas {replicas}; {what}"
 
 

@@ -5,8 +5,9 @@ prints the reports).
 How this works. A partition's replicas are read concurrently, one page
 (``PAGE_BATCHES`` batch metas, one ``ReadBatches`` call) at a time, each up to its own high
 watermark. The first page of every replica gives its log start offset, high watermark and
-``compacted_below``, hence the range to compare (``replica_compare.comparison_range``); later
-pages are asked for within it. Comparison goes window by window: a window holds the batches
+``compacted_below``, hence the range to compare (``replica_compare.comparison_range``) and
+where in it compaction may have rewritten a replica (``compacted_end``); later pages are
+asked for within it. Comparison goes window by window: a window holds the batches
 whose base offset is below the smallest offset any replica has not been read to yet, so
 every replica's part of it is complete, and each replica holds at most about two pages in
 memory, however long its log. Only the replicas that are furthest behind are asked for
@@ -40,7 +41,13 @@ import grpc.aio
 from proto import replica_pb2 as rpb
 from proto import replica_pb2_grpc
 from runnel.config import REPLICATION_LISTENER
-from runnel.replica_compare import BatchMeta, Divergence, compare_batches, comparison_range
+from runnel.replica_compare import (
+    BatchMeta,
+    Divergence,
+    compacted_end,
+    compare_batches,
+    comparison_range,
+)
 
 __all__ = [
     "PAGE_BATCHES",
@@ -88,7 +95,7 @@ class PartitionReport:
     divergences: tuple[Divergence, ...]
     not_checked: Mapping[int, str]
     # The largest compacted_below of the replicas read: replicas are compacted independently,
-    # so below it they are not compared (start_offset is at least this).
+    # so below it their batches are compared by offsets and leader epoch only.
     compacted_below: int = 0
 
     @property
@@ -285,9 +292,9 @@ async def _verify(target: PartitionTarget, brokers: _Brokers) -> PartitionReport
         return PartitionReport(target, None, 0, 0, 0, (), not_checked)
     reference = target.leader if target.leader in replicas else min(replicas)
     start, end = comparison_range(replicas.values())
-    compacted_below = max(r.compacted_below for r in replicas.values())
+    compacted_below = compacted_end(replicas.values())
     compared, divergences = await _compare_windows(
-        target, brokers, replicas, reference, (start, end), not_checked
+        target, brokers, replicas, reference, (start, end, compacted_below), not_checked
     )
     return PartitionReport(
         target,
@@ -306,19 +313,19 @@ async def _compare_windows(
     brokers: _Brokers,
     replicas: dict[int, _Replica],
     reference: int,
-    bounds: tuple[int, int],
+    bounds: tuple[int, int, int],  # start, end, compacted_below
     not_checked: dict[int, str],
 ) -> tuple[int, dict[int, Divergence]]:
     """Compare window by window until every replica is read; replicas that fail are moved
     to ``not_checked``, and one that diverged is read no further. Returns (batches
     compared, the first divergence per replica)."""
-    start, end = bounds
+    start, end, compacted_below = bounds
     compared, divergences = 0, dict[int, Divergence]()
     while reference in replicas:
         behind = [r for r in replicas.values() if r.pending(start, end)]
         below = min((r.next_offset for r in behind), default=None)
         window = {b: r.take_below(below) for b, r in replicas.items()}
-        count, found = compare_batches(reference, window, start, end)
+        count, found = compare_batches(reference, window, start, end, compacted_below)
         compared += count
         for divergence in found:
             divergences[divergence.replica] = divergence

@@ -3,12 +3,15 @@ synthetic batch lists: what counts, what diverges, and how it is described."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from support import assert_imports_none_of
 
 from runnel.replica_compare import (
     BatchMeta,
     Divergence,
     ReplicaBatches,
+    compacted_end,
     compare_batches,
     compare_replicas,
     comparison_range,
@@ -104,24 +107,48 @@ def test_nothing_is_compared_when_no_offset_is_claimed_by_every_replica() -> Non
     assert (result.batches_compared, result.divergences) == (0, ())
 
 
-def test_nothing_below_where_any_replica_may_be_compacted_is_compared() -> None:
-    """Each replica compacts on its own: below a replica's compacted_below its batches may
-    be rewritten (other CRCs, sizes) or gone, and that is no divergence."""
-    compacted = [b._replace(crc=0xC1EA0000 + b.base_offset) for b in batches(4)] + batches(
-        6, start=8
-    )
-    del compacted[1]  # a batch the cleaner removed whole
+def test_below_where_a_replica_may_be_compacted_only_offsets_and_epochs_count() -> None:
+    """Each replica compacts on its own: below the largest compacted_below a batch may be
+    rewritten (other CRC and size) or gone on either side, and that is no divergence; its
+    offsets and leader epoch never change, and batches never move, so those still count."""
+    compacted = [b._replace(crc=0xC1EA0000 + b.base_offset, size_bytes=70) for b in batches(4)]
+    compacted += batches(6, start=8)
+    del compacted[1]  # 2-3: a batch the cleaner removed whole
     as_appended = ReplicaBatches(1, 0, 20, batches(10))
     cleaned = ReplicaBatches(2, 0, 20, compacted, compacted_below=8)
-    assert comparison_range([as_appended, cleaned]) == (8, 20)
+    assert comparison_range([as_appended, cleaned]) == (0, 20)
+    assert compacted_end([as_appended, cleaned]) == 8
     result = compare_replicas([as_appended, cleaned], 1)
-    assert (result.start_offset, result.batches_compared, result.divergences) == (8, 6, ())
-    # Above it a difference is still one.
-    compacted[-1] = compacted[-1]._replace(size_bytes=7)
-    assert only(compare_replicas([as_appended, cleaned], 1).divergences).offset == 18
-    # The largest of the replicas' values counts, and a log start above it wins.
-    other = ReplicaBatches(3, 12, 20, batches(4, start=12), compacted_below=4)
-    assert comparison_range([as_appended, cleaned, other]) == (12, 20)
+    assert (result.start_offset, result.batches_compared, result.divergences) == (0, 10, ())
+    assert compare_replicas([cleaned, as_appended], 2).divergences == ()  # either way round
+
+    def diverging(changed: list[BatchMeta]) -> Divergence:
+        return only(
+            compare_replicas(
+                [as_appended, dataclasses.replace(cleaned, batches=changed)], 1
+            ).divergences
+        )
+
+    # Above it a difference is still one, in any field.
+    assert diverging([*compacted[:-1], compacted[-1]._replace(size_bytes=7)]).offset == 18
+    # Below it another leader epoch, or other offsets, are a divergence.
+    epoch = diverging([compacted[0], compacted[1]._replace(leader_epoch=2), *compacted[2:]])
+    assert (epoch.offset, epoch.fields) == (4, ("leader_epoch",))
+    assert "below where compaction reached" in epoch.detail
+    last = diverging([compacted[0]._replace(last_offset=0), *compacted[1:]])
+    assert (last.offset, last.fields) == (0, ("last_offset",))
+    moved = [compacted[0], BatchMeta(3, 5, 1, 1, 61), *compacted[2:]]  # 3-5 across 2-3
+    overlap = diverging(moved)
+    assert (overlap.offset, overlap.fields) == (2, ("overlap",))
+    assert overlap.detail == (
+        "batch 2-3 of 1 overlaps batch 3-5 of 2 (below where compaction reached)"
+    )
+    moved_first = dataclasses.replace(cleaned, batches=moved)
+    swapped = only(compare_replicas([moved_first, as_appended], 2).divergences)
+    assert (swapped.offset, swapped.fields) == (2, ("overlap",))  # the other way round
+    # The largest compacted_below counts.
+    other = ReplicaBatches(3, 0, 20, batches(10), compacted_below=14)
+    assert compacted_end([as_appended, cleaned, other]) == 14
 
 
 def test_the_reference_is_whichever_replica_is_named() -> None:
