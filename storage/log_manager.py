@@ -5,14 +5,14 @@ Each data directory holds partition directories (``<topic>-<partition>``) and th
     recovery-point-offset-checkpoint  per partition: first offset not known to be fsynced
     replication-offset-checkpoint     per partition: the high watermark
     log-start-offset-checkpoint       per partition: the log start offset
-    cleaner-offset-checkpoint         per compacted partition: ``Log.compacted_below``
+    cleaner-offset-checkpoint         per partition compaction touched: ``Log.compacted_below``
     .kafka_cleanshutdown              present only between a clean shutdown and the next start
     .lock                             flock-ed while a manager owns the directory (dir_lock)
 
 At start-up the marker is read and removed (so a crash from then on is detected), and every
 partition is loaded, recovering it unless the shutdown was clean. The checkpoints are
-written by ``run_maintenance`` and whenever a log is created or deleted; the cleaner's also
-before compaction swaps a rewritten segment in (``Log.on_compacted``); and when a
+written by ``run_maintenance``, whenever a log is created or deleted, before compaction
+swaps a rewritten segment in (``Log.on_compacted``), and when a
 truncation moves a log's recovery point or high watermark down (``Log.on_offsets_lowered``), its
 directory's are written before the log can take another append: at once when no event loop
 runs in this thread, else by a callback at the loop's next turn, one for all the
