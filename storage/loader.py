@@ -66,12 +66,15 @@ def load_log(
     recovery_point: int = 0,
     log_start_offset: int | None = None,
     high_watermark: int | None = None,
+    compacted_below: int = 0,
     had_clean_shutdown: bool = False,
     clock: Callable[[], int] = wall_clock_ms,
     on_offline: Callable[[Path, BaseException], None] | None = None,
     jitter_seed: int | None = None,
 ) -> Log:
     """Open (creating if needed) the log in ``directory``, recovering it if necessary.
+    ``compacted_below``: from the cleaner checkpoint, cut to the log end (recovery may have
+    cut the log below it; nothing above the log end is rewritten).
     ``jitter_seed``: see :class:`Log` (tests; None seeds from the operating system)."""
     new_directory = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -151,6 +154,7 @@ def load_log(
         jitter_seed=jitter_seed,
     )
     log.reload_producer_state(recovered.producer_batches, recovered.suffix_start)
+    log.compacted_below = min(compacted_below, log_end)
     if not had_clean_shutdown and high_watermark is not None and high_watermark > log_end:
         log.committed_end_before_crash = high_watermark
         _log.warning(

@@ -177,12 +177,11 @@ class LogManager:
                 recovery_point=recovery.get(tp, 0),
                 log_start_offset=starts.get(tp),
                 high_watermark=hws.get(tp),
+                compacted_below=compacted.get(tp, 0),
                 had_clean_shutdown=clean,
                 clock=self._clock,
                 on_offline=self._on_log_offline,
             )
-            # Recovery may have cut the log below it: nothing above the log end is rewritten.
-            log.compacted_below = min(compacted.get(tp, 0), log.log_end_offset)
             self._watch(log)
             self._logs[tp], self._log_dir[tp] = log, data_dir
         if clean:
