@@ -1,7 +1,9 @@
-"""Fixtures for storage tests: a fake clock and logs opened on real files."""
+"""Fixtures for storage tests: a fake clock and logs opened on real files; and
+``stored_batches``, a log's batches as stored."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,15 @@ from storage.loader import load_log
 from storage.log import Log
 
 OpenLog = Callable[..., Log]
+
+
+def stored_batches(log: Log, start: int = 0, end: int | None = None) -> dict[int, bytes]:
+    """Base offset -> the stored bytes of each batch overlapping [start, end), in offset
+    order (what a follower fetching them would get)."""
+    out: dict[int, bytes] = {}
+    for segment, position, header in log.batches(start, end):
+        out[header.base_offset] = os.pread(segment.handle.fd, header.size_bytes, position)
+    return out
 
 
 @pytest.fixture

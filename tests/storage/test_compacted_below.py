@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import OpenLog
+from conftest import OpenLog, stored_batches
 from support import FakeClock
 from test_cleaner import CONFIG, append, commit_and_roll, fill, rows
 
@@ -19,30 +19,13 @@ import storage.cleaner as cleaner
 from storage.checkpoint import OffsetCheckpointFile
 from storage.cleaner import compact
 from storage.errors import LogDirOfflineError
-from storage.log import Isolation, Log
+from storage.log import Log
 from storage.log_manager import CLEANER_CHECKPOINT, LogManager
 from storage.records import RecordInput, build_batch, iter_decoded
 from storage.topic_partition import TopicPartition
 
 NOW = 1_700_000_000_000
 TP = TopicPartition("table", 0)
-
-
-def raw_batches(log: Log) -> list[bytes]:
-    """Every stored batch, byte for byte, in offset order (what a follower would fetch)."""
-    out: list[bytes] = []
-    offset = log.log_start_offset
-    while offset < log.log_end_offset:
-        data = log.read(offset, 1 << 30, isolation=Isolation.LOG_END)
-        if data.slice is None:
-            break
-        chunk = data.slice.read()
-        position = 0
-        for batch in iter_decoded(chunk):
-            out.append(chunk[position : position + batch.header.size_bytes])
-            position += batch.header.size_bytes
-            offset = batch.header.next_offset
-    return out
 
 
 def test_a_pass_raises_it_to_its_clean_end_before_swapping(open_log: OpenLog) -> None:
@@ -138,7 +121,7 @@ def _leader_with_compacted_history(open_log: OpenLog, tmp_path: Path) -> Log:
 def test_a_follower_copying_compacted_batches_raises_it(open_log: OpenLog, tmp_path: Path) -> None:
     leader = _leader_with_compacted_history(open_log, tmp_path)
     try:
-        fetched = raw_batches(leader)
+        fetched = list(stored_batches(leader).values())
         follower = open_log(CONFIG)
         follower.append_as_follower(b"".join(fetched[:1]))  # the merged, rewritten segment's
         first_end = follower.log_end_offset

@@ -10,11 +10,11 @@ per key below the committed offset is the producer's.
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from conftest import stored_batches
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -37,14 +37,6 @@ NOW = 1_700_000_000_000
 Record = tuple[bytes, bytes | None]  # key, value (None: a tombstone)
 
 
-def stored(log: Log, start: int = 0, end: int | None = None) -> dict[int, bytes]:
-    """Base offset -> the stored bytes of each batch overlapping [start, end)."""
-    out: dict[int, bytes] = {}
-    for segment, position, header in log.batches(start, end):
-        out[header.base_offset] = os.pread(segment.handle.fd, header.size_bytes, position)
-    return out
-
-
 def whole_batches(data: bytes) -> bytes:
     """``data`` up to the end of its last whole batch (a fetch answer may end mid-batch; a
     follower keeps the whole ones). The first batch is always whole."""
@@ -60,7 +52,7 @@ def whole_batches(data: bytes) -> bytes:
 def records(log: Log) -> dict[int, Record]:
     """Offset -> (key, value) of every record the log holds."""
     out: dict[int, Record] = {}
-    for data in stored(log).values():
+    for data in stored_batches(log).values():
         for batch in iter_decoded(data):
             for r in batch.records:
                 assert r.key is not None
@@ -122,7 +114,7 @@ class CompactedReplicas(RuleBasedStateMachine):
         )
         for offset, item in enumerate(items, info.first_offset):
             self.appended[offset] = item
-        self.as_appended.update(stored(self.lead, info.first_offset))
+        self.as_appended.update(stored_batches(self.lead, info.first_offset))
 
     @rule(replica=st.integers(0, REPLICAS - 1), max_bytes=st.sampled_from([1, 200, 10_000]))
     def fetch(self, replica: int, max_bytes: int) -> None:
@@ -137,13 +129,22 @@ class CompactedReplicas(RuleBasedStateMachine):
 
     @rule()
     def catch_up(self) -> None:
-        """Every follower copies all the leader holds, and the high watermark follows."""
-        for replica in range(REPLICAS):
+        """Every follower in the ISR copies all the leader holds, and the high watermark
+        follows."""
+        for replica in self.isr:
             while replica != self.leader and (
                 self.logs[replica].log_end_offset < self.lead.log_end_offset
             ):
                 self.fetch(replica, 10_000)
         self.commit()
+
+    @rule()
+    def leader_compacts_ahead(self) -> None:
+        """The leader rolls, the ISR catches up and the leader compacts: a follower out of
+        the ISR then has compacted output to copy."""
+        self.lead.roll()
+        self.catch_up()
+        self.compact(self.leader)
 
     @rule()
     def commit(self) -> None:
@@ -202,7 +203,7 @@ class CompactedReplicas(RuleBasedStateMachine):
         appended there, byte for byte: none rewritten, none missing."""
         for i, log in enumerate(self.logs):
             start, end = log.compacted_below, log.log_end_offset
-            held = {b: d for b, d in stored(log, start).items() if b >= start}
+            held = {b: d for b, d in stored_batches(log, start).items() if b >= start}
             expected = {b: d for b, d in self.as_appended.items() if start <= b < end}
             assert held == expected, (i, start, sorted(held), sorted(expected))
 
@@ -225,7 +226,7 @@ class CompactedReplicas(RuleBasedStateMachine):
 
 
 CompactedReplicas.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
