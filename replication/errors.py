@@ -47,6 +47,7 @@ __all__ = [
     "OffsetNotAvailable",
     "OffsetOutOfRange",
     "OutOfOrderSequenceNumber",
+    "PolicyViolation",
     "RecordListTooLarge",
     "ReplicationError",
     "RequestTimedOut",
@@ -129,6 +130,13 @@ class OffsetNotAvailable(ReplicationError):
     code = 78
     legacy_code = 5
     retriable = True
+
+
+class PolicyViolation(ReplicationError):
+    """The topic's configuration forbids the request (DeleteRecords on a topic whose
+    cleanup.policy does not include "delete")."""
+
+    code = 44
 
 
 class InvalidRequiredAcks(ReplicationError):

@@ -24,6 +24,7 @@ followers have had ``lag_time_max_ms`` to fetch from it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["FollowerState", "IsrState", "UNKNOWN_OFFSET"]
@@ -43,6 +44,9 @@ class FollowerState:
     # said): a fetch of a previous incarnation must not bring a restarted broker into the
     # ISR, since the new one may have lost what the old one had.
     broker_epoch: int = -1
+    # Its log start offset as its latest read fetch said (-1: not said yet). The smallest
+    # of the live replicas' is the partition's low watermark (DeleteRecords).
+    log_start_offset: int = UNKNOWN_OFFSET
 
 
 @dataclass(slots=True)
@@ -85,10 +89,16 @@ class IsrState:
 
     # -- follower fetches ------------------------------------------------------------------
     def follower_fetched(
-        self, replica: int, fetch_offset: int, leader_end_offset: int, now_ms: int
+        self,
+        replica: int,
+        fetch_offset: int,
+        leader_end_offset: int,
+        now_ms: int,
+        log_start_offset: int | None = None,
     ) -> bool:
         """Record a fetch of ``replica`` at ``fetch_offset`` (valid: at most the leader's
-        log end). False if ``replica`` is not a follower of this partition."""
+        log end), and the log start offset it said (None: this fetch did not say, the one
+        recorded stands). False if ``replica`` is not a follower of this partition."""
         state = self.followers.get(replica)
         if state is None:
             return False
@@ -97,6 +107,8 @@ class IsrState:
         elif fetch_offset >= state.last_fetch_leader_end >= 0:
             state.last_caught_up_ms = max(state.last_caught_up_ms, state.last_fetch_ms)
         state.log_end_offset = fetch_offset
+        if log_start_offset is not None:
+            state.log_start_offset = log_start_offset
         state.last_fetch_ms = now_ms
         state.last_fetch_leader_end = leader_end_offset
         return True
@@ -109,6 +121,16 @@ class IsrState:
                 continue
             state = self.followers.get(replica)
             low = min(low, UNKNOWN_OFFSET if state is None else state.log_end_offset)
+        return low
+
+    def low_watermark(self, leader_log_start: int, alive: Callable[[int], bool]) -> int:
+        """The smallest log start offset of the leader (``leader_log_start``) and of the
+        followers ``alive`` says are up (Kafka's ``lowWatermarkIfLeader``; -1 while a live
+        follower has not said its own): DeleteRecords is done where this reaches."""
+        low = leader_log_start
+        for replica, state in self.followers.items():
+            if state.log_start_offset < low and alive(replica):
+                low = state.log_start_offset
         return low
 
     # -- ISR changes -----------------------------------------------------------------------

@@ -40,6 +40,12 @@ the leader's answers, and truncates where the epochs say (``replication.follower
 Transactions are not supported, so the last stable offset is the high watermark and a
 read_committed fetch reads exactly what a read_uncommitted one does.
 
+DeleteRecords (``delete_records``) moves the leader's log start offset up to at most the
+HW; followers take it from the leader's fetch answers and say theirs in their fetches. The
+request is done where the partition's *low watermark* reaches (``low_watermark``: the
+smallest log start of the leader and its live followers); ``watch_low_watermark`` calls
+back when it may have moved (a follower said a higher log start, or leadership ended).
+
 Concurrency: not thread-safe. One owner (the broker's event loop) calls every method; the
 log beneath has its own lock, so a later issue may move appends to a worker thread.
 """
@@ -61,6 +67,7 @@ from replication.errors import (
     NotLeaderOrFollower,
     OffsetNotAvailable,
     OffsetOutOfRange,
+    PolicyViolation,
     RecordListTooLarge,
     ReplicationError,
     UnknownLeaderEpoch,
@@ -84,6 +91,7 @@ __all__ = [
     "AppendListener",
     "CommitCallback",
     "DEFAULT_REPLICA_LAG_TIME_MAX_MS",
+    "DELETE_TO_HIGH_WATERMARK",
     "FollowerRead",
     "IsrProposer",
     "OffsetAndTimestamp",
@@ -120,6 +128,7 @@ CommitCallback = Callable[[ReplicationError | None], None]
 # Sends a proposed ISR to the controller; False when it could not be sent now.
 IsrProposer = Callable[["Partition", tuple[int, ...]], bool]
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000  # Kafka's replica.lag.time.max.ms
+DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset meaning "up to the high watermark"
 MAX_UNEXPOSED_ENTRIES = 1024  # appends remembered until the HW passes them (bytes told)
 
 
@@ -312,6 +321,9 @@ class Partition:
         # Appended bytes not yet below the HW: (log end after the append, bytes), in order;
         # at most MAX_UNEXPOSED_ENTRIES (then the last entry takes the next appends).
         self._unexposed: deque[tuple[int, int]] = deque()
+        # Called (then forgotten) when the low watermark may have moved: DeleteRecords
+        # requests waiting for the followers (``watch_low_watermark``).
+        self._low_watermark_watchers: set[Callable[[], None]] = set()
 
     def __repr__(self) -> str:
         epoch = self.leader_epoch
@@ -357,6 +369,7 @@ class Partition:
             self.leader_epoch_start_offset = self.log.log_end_offset
             self._followers = IsrState.reset(new.leader, new.isr, new.replicas, now_ms)
             self._unexposed.clear()
+            self._low_watermark_may_have_moved()
         elif self._followers is not None and (
             new.partition_epoch != self.partition_epoch
             or (new.isr, new.replicas) != (self.isr, self.replicas)
@@ -415,6 +428,7 @@ class Partition:
         self.leader_epoch_start_offset = None
         self._followers = None
         self._unexposed.clear()
+        self._low_watermark_may_have_moved()
         if self._waiting:
             error = NotLeaderOrFollower(
                 f"{self.topic}-{self.partition_id}: leadership moved to broker {leader} "
@@ -586,13 +600,15 @@ class Partition:
         now_ms: int,
         min_one_batch: bool = True,
         broker_epoch: int = -1,
+        log_start_offset: int | None = None,
     ) -> FollowerRead:
         """A follower's fetch: the diverging epoch if its last fetched epoch does not end at
         or after ``fetch_offset`` here (KIP-320: nothing read, its position not taken),
         else the batches from ``fetch_offset`` to the log end. The fetch offset is the
         follower's log end: it may move the HW and let the follower join the ISR, as the
         incarnation of ``broker_epoch`` (what the fetch says, -1 if nothing; the proposal's
-        sender checks it against the metadata: ``follower_broker_epoch``)."""
+        sender checks it against the metadata: ``follower_broker_epoch``). The follower's
+        ``log_start_offset`` (None: not said) feeds the low watermark."""
         self._require_leader(current_leader_epoch)
         if self._quiet:
             self._quiet.pop(replica_id, None)  # read afresh: its session watches no more
@@ -623,8 +639,11 @@ class Partition:
                 raise from_storage_error(e) from e
         state = followers.followers[replica_id]
         moved = state.log_end_offset != fetch_offset
-        followers.follower_fetched(replica_id, fetch_offset, log_end, now_ms)
+        start_before = state.log_start_offset
+        followers.follower_fetched(replica_id, fetch_offset, log_end, now_ms, log_start_offset)
         state.broker_epoch = broker_epoch
+        if state.log_start_offset > start_before:
+            self._low_watermark_may_have_moved()
         if moved:  # the HW depends on the followers' positions only
             self._maybe_advance_high_watermark()
         if (
@@ -636,6 +655,53 @@ class Partition:
         ):
             self._propose_isr((*self.isr, replica_id))
         return FollowerRead(data, None)
+
+    # -- DeleteRecords -------------------------------------------------------------------
+    def delete_records(self, offset: int) -> int:
+        """Move the log start offset up to ``offset`` (-1: the high watermark), as Kafka's
+        ``deleteRecordsOnLeader``; returns the log start offset after it. Refused: not the
+        leader (NOT_LEADER_OR_FOLLOWER), a topic whose cleanup.policy lacks "delete"
+        (POLICY_VIOLATION), an offset below -1 or above the HW (OFFSET_OUT_OF_RANGE). An
+        offset at or below the log start changes nothing. The followers' sessions stop
+        treating the partition as quiet, so they hear the new log start."""
+        self._require_leader()
+        log = self.log
+        if not log.config.delete:
+            raise PolicyViolation(
+                f"records of {self.topic}-{self.partition_id} cannot be deleted: its "
+                "cleanup.policy does not include delete"
+            )
+        target = log.high_watermark if offset == DELETE_TO_HIGH_WATERMARK else offset
+        if target < 0:
+            raise OffsetOutOfRange(f"cannot delete records below offset {offset}")
+        try:
+            moved = log.maybe_increment_log_start_offset(target)
+        except StorageError as e:
+            raise from_storage_error(e) from e
+        if moved:
+            self._release_quiet(0)
+        return log.log_start_offset
+
+    def low_watermark(self, alive: Callable[[int], bool]) -> int:
+        """The smallest log start offset of this leader and the followers ``alive`` says are
+        up (-1 while such a follower has not said its own since this epoch began)."""
+        self._require_leader()
+        followers = self._followers
+        start = self.log.log_start_offset
+        return start if followers is None else followers.low_watermark(start, alive)
+
+    def watch_low_watermark(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once, when the low watermark may have moved or leadership ended;
+        returns what forgets it (a request that timed out or was cancelled)."""
+        self._low_watermark_watchers.add(callback)
+        return lambda: self._low_watermark_watchers.discard(callback)
+
+    def _low_watermark_may_have_moved(self) -> None:
+        watchers = self._low_watermark_watchers
+        if watchers:
+            self._low_watermark_watchers = set()
+            for callback in watchers:
+                callback()
 
     def follower_broker_epoch(self, replica_id: int) -> int:
         """The broker epoch the latest fetch of follower ``replica_id`` read here said it
@@ -693,12 +759,14 @@ class Partition:
         current_leader_epoch: int,
         now_ms: int,
         watch: QuietWatch | None = None,
+        log_start_offset: int | None = None,
     ) -> bool:
         """``read_for_follower`` of an ISR follower caught up at our log end, cheaply: True
         (the fetch noted, as that would) when this replica leads at ``current_leader_epoch``,
         the follower's last fetched epoch is our latest (or none, on an empty log) and its
-        position is our log end and unchanged, so there is nothing to read, diverge on, or
-        move (HW, ISR); False, with nothing done, otherwise. Most partitions of a follower's
+        position (and ``log_start_offset``, if said) is our log end and unchanged, so there is
+        nothing to read, diverge on, or move (HW, ISR, low watermark); False, with nothing
+        done, otherwise. Most partitions of a follower's
         incremental fetch are so. With ``watch``, a True also starts the watch (replacing
         the follower's previous one): its session may skip this partition until it is
         ``disturbed``."""
@@ -714,7 +782,11 @@ class Partition:
         ):
             return False
         follower = followers.followers.get(replica_id)
-        if follower is None or follower.log_end_offset != fetch_offset:
+        if (
+            follower is None
+            or follower.log_end_offset != fetch_offset
+            or (log_start_offset is not None and follower.log_start_offset != log_start_offset)
+        ):
             return False
         followers.follower_fetched(replica_id, fetch_offset, fetch_offset, now_ms)
         if watch is not None:

@@ -618,7 +618,8 @@ class Log:
 
     @_io_guarded
     def maybe_increment_log_start_offset(self, offset: int) -> bool:
-        """Advance the log start (DeleteRecords, retention); it may not pass the HW."""
+        """Advance the log start (DeleteRecords, a follower told by its leader); it may not
+        pass the HW. Under the lock: the maintenance thread's retention moves it too."""
         if offset > self._high_watermark:
             raise OffsetOutOfRangeError(
                 f"log start {offset} would pass the high watermark {self._high_watermark}"
