@@ -407,9 +407,15 @@ class ReplicaManager:
         keep their polls short until they fetch it (``broker.awaited_followers``)."""
         followers = [r for r in partition.replicas if r != self.broker_id]
         self.awaited.expect(partition.key, followers)
+        self.wake_followers(partition)
+
+    def wake_followers(self, partition: Partition) -> None:
+        """Answer the parked fetches of ``partition``'s followers now: they must hear of a
+        change that appended nothing (a new leader, a new log start offset)."""
         if self.replica_purgatory is not None:
-            for follower in followers:
-                self.replica_purgatory.wake_owner(follower)
+            for follower in partition.replicas:
+                if follower != self.broker_id:
+                    self.replica_purgatory.wake_owner(follower)
 
     def _roles_changed(self, partition: Partition) -> None:
         """Tell the fetchers: a follower (again, or of a new leader or epoch) fetches from

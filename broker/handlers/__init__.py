@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.handlers import admin, configs, fetch, groups, metadata, offsets, produce
+from broker.handlers import admin, configs, fetch, groups, metadata, offsets, produce, records
 from broker.handlers.common import Handler
 from broker.protocol import ApiKey
 
@@ -20,6 +20,7 @@ HANDLERS: Mapping[int, Handler] = {
     ApiKey.API_VERSIONS: metadata.api_versions,
     ApiKey.CREATE_TOPICS: admin.create_topics,
     ApiKey.DELETE_TOPICS: admin.delete_topics,
+    ApiKey.DELETE_RECORDS: records.delete_records,
     ApiKey.DESCRIBE_CONFIGS: configs.describe_configs,
     ApiKey.ALTER_CONFIGS: configs.alter_configs,
     ApiKey.CREATE_PARTITIONS: admin.create_partitions,

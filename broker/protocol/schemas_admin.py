@@ -1,4 +1,4 @@
-"""Schemas of the admin APIs: CreateTopics, DeleteTopics, CreatePartitions,
+"""Schemas of the admin APIs: CreateTopics, DeleteTopics, DeleteRecords, CreatePartitions,
 DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, ElectLeaders.
 
 Notation in ``schema.py``; inner structs are named first, then the messages that hold them.
@@ -13,6 +13,7 @@ from broker.protocol.schema import (
     INT8,
     INT16,
     INT32,
+    INT64,
     STRING,
     UUID,
     ApiSpec,
@@ -26,6 +27,7 @@ __all__ = [
     "ALTER_CONFIGS",
     "CREATE_PARTITIONS",
     "CREATE_TOPICS",
+    "DELETE_RECORDS",
     "DELETE_TOPICS",
     "DESCRIBE_CONFIGS",
     "ELECT_LEADERS",
@@ -131,6 +133,61 @@ DELETE_TOPICS = ApiSpec(
                     field("topic_id", UUID, "6+"),
                     field("error_code", INT16),
                     field("error_message", STRING, "5+", nullable="5+", default=None),
+                )
+            ),
+        ),
+    ),
+)
+
+DELETE_RECORDS = ApiSpec(
+    ApiKey.DELETE_RECORDS,
+    "DeleteRecords",
+    min_version=0,
+    max_version=2,
+    flexible_from=2,
+    request=struct(
+        "DeleteRecordsRequest",
+        field(
+            "topics",
+            array(
+                struct(
+                    "DeleteRecordsTopic",
+                    field("name", STRING),
+                    field(
+                        "partitions",
+                        array(
+                            struct(
+                                "DeleteRecordsPartition",
+                                field("partition_index", INT32),
+                                field("offset", INT64),  # -1: the high watermark
+                            )
+                        ),
+                    ),
+                )
+            ),
+        ),
+        field("timeout_ms", INT32),
+    ),
+    response=struct(
+        "DeleteRecordsResponse",
+        field("throttle_time_ms", INT32),
+        field(
+            "topics",
+            array(
+                struct(
+                    "DeleteRecordsTopicResult",
+                    field("name", STRING),
+                    field(
+                        "partitions",
+                        array(
+                            struct(
+                                "DeleteRecordsPartitionResult",
+                                field("partition_index", INT32),
+                                field("low_watermark", INT64),
+                                field("error_code", INT16),
+                            )
+                        ),
+                    ),
                 )
             ),
         ),

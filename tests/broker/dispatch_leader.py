@@ -149,14 +149,14 @@ class DispatchLeader:
         forgotten: list[int] | None = None,
     ) -> dict[str, Any]:
         """A Fetch v12 body for "orders": partition -> its fields (fetch_offset,
-        last_fetched_epoch, current_leader_epoch; 1 MiB each)."""
+        last_fetched_epoch, current_leader_epoch, log_start_offset; 1 MiB each)."""
         named = [
             {
                 "partition": p,
                 "current_leader_epoch": fields.get("current_leader_epoch", 0),
                 "fetch_offset": fields["fetch_offset"],
                 "last_fetched_epoch": fields.get("last_fetched_epoch", -1),
-                "log_start_offset": 0,
+                "log_start_offset": fields.get("log_start_offset", 0),
                 "partition_max_bytes": 1 << 20,
             }
             for p, fields in partitions.items()
