@@ -1412,9 +1412,11 @@ class Simulation:
         leader_epoch: int,
         max_bytes: int,
         broker_epoch: int = -1,
+        log_start_offset: int | None = None,
     ) -> FetchResp:
         """broker/handlers/fetch.py's read of one partition for a follower (the error
-        answer of a ReplicationError)."""
+        answer of a ReplicationError); ``log_start_offset``: the follower's, if its request
+        said it."""
         partition = broker.partitions.get(pid)
         try:
             if partition is None:
@@ -1427,6 +1429,7 @@ class Simulation:
                 current_leader_epoch=leader_epoch,
                 now_ms=self.now,
                 broker_epoch=broker_epoch,
+                log_start_offset=log_start_offset,
             )
         except ReplicationError as e:
             hw = start = -1
