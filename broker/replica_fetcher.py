@@ -45,6 +45,10 @@ is new; ``unfollow`` takes it out (it became leader, or stopped). A fetcher's lo
    third of the benchmark's failovers. Any other error and a storage error rest it for
    ``replica_fetch_backoff_ms``. While a partition rests, a request waits at most until its
    rest ends (``max_wait_ms``), so a long poll on the others does not keep it waiting.
+4. if the answer moved a partition's log start up (the leader's DeleteRecords or
+   retention), has it made durable (``persist_log_starts``: the data directories'
+   checkpoints) before the next request says it: the leader counts that towards a
+   DeleteRecords' answer.
 
 A session error in the answer (an unknown session, a wrong epoch) makes the next request a
 full one, sent at once; so does a connection error, which also closes the connection: the
@@ -65,7 +69,7 @@ import math
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -117,6 +121,8 @@ _METADATA_ERRORS = frozenset(  # the leader and this broker disagree on the part
 
 AddressOf = Callable[[int], tuple[str, int] | None]  # broker id -> its listener, if known
 BrokerEpoch = Callable[[], int]  # this broker's epoch from its registration (-1: none yet)
+# Makes the log starts of these partitions durable (their data directories' checkpoints).
+PersistLogStarts = Callable[[list[Partition]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +267,16 @@ class ReplicaFetcher:
         config: FetcherConfig,
         address_of: AddressOf,
         broker_epoch: BrokerEpoch = lambda: -1,
+        persist_log_starts: PersistLogStarts | None = None,
     ) -> None:
         self.leader_id = leader_id
         self.config = config
         self.address_of = address_of
         self.broker_epoch = broker_epoch
+        self.persist_log_starts = persist_log_starts
+        # Partitions whose log start the last answer moved up: made durable before the next
+        # request says so (the leader may then answer a DeleteRecords, ``_persist_log_starts``).
+        self._starts_moved: list[Partition] = []
         self.followed: dict[PartitionKey, _Followed] = {}
         self.fetches = 0
         self.full_fetches = 0  # of ``fetches``: the full ones (opening a session)
@@ -357,10 +368,24 @@ class ReplicaFetcher:
                 except Exception:
                     _log.exception("answer from broker %d not applied", self.leader_id)
                 else:
+                    await self._persist_log_starts()
                     continue
             self._disconnect()
             await asyncio.sleep(backoff_s)
             backoff_s = min(2 * backoff_s, MAX_RECONNECT_BACKOFF_S)
+
+    async def _persist_log_starts(self) -> None:
+        """Make the log starts the last answer moved durable before the next request says
+        them: the leader counts what its followers say towards a DeleteRecords' answer, so a
+        follower that crashed right after saying it must not come back with the old start
+        (and, elected, serve the deleted records again). Rare: a start moves by DeleteRecords
+        or by the leader's retention."""
+        moved, self._starts_moved = self._starts_moved, []
+        if moved and self.persist_log_starts is not None:
+            try:
+                await self.persist_log_starts(moved)
+            except Exception:  # a failed write took its directory offline: said there
+                _log.exception("log starts from broker %d not checkpointed", self.leader_id)
 
     def _any_ready(self) -> bool:
         """Whether a partition is followed and not resting (rests that ended are over)."""
@@ -569,6 +594,7 @@ class ReplicaFetcher:
         if diverging is not None and diverging.epoch < 0 and diverging.end_offset < 0:
             diverging = None  # the tagged field's default: no divergence
         records = answer.records if answer.records is not None else b""
+        start_before = partition.log_start_offset
         done = apply_fetch_answer(
             partition,
             FetchAnswer(
@@ -579,6 +605,8 @@ class ReplicaFetcher:
                 None if diverging is None else (diverging.epoch, diverging.end_offset),
             ),
         )
+        if partition.log_start_offset > start_before:
+            self._starts_moved.append(partition)
         if done.outcome is Outcome.REST:
             code = answer.error_code
             if code in _METADATA_ERRORS:
@@ -639,11 +667,16 @@ class ReplicaFetcherManager:
     """The fetchers of one broker, by leader (module doc)."""
 
     def __init__(
-        self, config: FetcherConfig, address_of: AddressOf, broker_epoch: BrokerEpoch = lambda: -1
+        self,
+        config: FetcherConfig,
+        address_of: AddressOf,
+        broker_epoch: BrokerEpoch = lambda: -1,
+        persist_log_starts: PersistLogStarts | None = None,
     ) -> None:
         self.config = config
         self.address_of = address_of
         self.broker_epoch = broker_epoch
+        self.persist_log_starts = persist_log_starts
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._leader_of: dict[PartitionKey, int] = {}
 
@@ -653,7 +686,7 @@ class ReplicaFetcherManager:
         fetcher = self.fetchers.get(leader)
         if fetcher is None:
             fetcher = self.fetchers[leader] = ReplicaFetcher(
-                leader, self.config, self.address_of, self.broker_epoch
+                leader, self.config, self.address_of, self.broker_epoch, self.persist_log_starts
             )
         fetcher.add(partition)
         self._leader_of[partition.key] = leader

@@ -65,6 +65,7 @@ from broker.server import Server, ServerConfig
 from controller.client import ControllerClient
 from controller.image import MetadataImage
 from controller.state_machine import MetadataStateMachine
+from replication.partition import Partition
 from storage.config import LogConfig
 from storage.errors import OutOfFileDescriptorsError
 from storage.log_manager import LogManager
@@ -127,6 +128,7 @@ class KafkaBroker:
             ),
             self._address_of,
             broker_epoch,
+            self._persist_log_starts,
         )
         self.replicas.propose_isr = self.alter_partition.propose
         self.replicas.on_follow = self.fetchers.follow
@@ -280,6 +282,11 @@ class KafkaBroker:
             return
         if not self._apply_scheduled and not self.replicas.retry_unserved():
             asyncio.get_running_loop().call_soon(self._retry_unserved)
+
+    async def _persist_log_starts(self, partitions: list[Partition]) -> None:
+        """A follower's fetcher, before its next request says these partitions' new log
+        starts: their directories' checkpoints, in a worker thread."""
+        await asyncio.to_thread(self.logs.checkpoint_dirs_of, [p.log for p in partitions])
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """A leader's inter-broker listener (by default the client listener), from the

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from storage.checkpoint import OffsetCheckpointFile, fsync_path
@@ -353,6 +353,14 @@ class LogManager:
     def _write_due_checkpoints(self) -> None:
         due, self._checkpoints_due = self._checkpoints_due, set()
         for data_dir in due:
+            if data_dir not in self.offline_dirs:
+                self.checkpoint(data_dir)
+
+    def checkpoint_dirs_of(self, logs: Iterable[Log]) -> None:
+        """Write the checkpoints of every online data directory holding one of ``logs``
+        (DeleteRecords before its answer, a follower whose log start its leader moved before
+        it says so; blocking: callers on the event loop run it in a worker thread)."""
+        for data_dir in {log.dir.parent for log in logs}:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
 

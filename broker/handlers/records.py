@@ -16,7 +16,8 @@ crash right after the answer cannot bring the deleted records back. Then a parti
 answer is its *low watermark*, the smallest log start offset of the leader and its live
 (registered, unfenced) followers, and the request waits until every moved partition's low
 watermark has reached its new log start: the followers' parked fetches are woken, so they
-take the new log start from their next answer and say theirs in the fetch after that. A
+take the new log start from their next answer and say theirs in the fetch after that (once
+their own checkpoints hold it: ``ReplicaFetcher._persist_log_starts``). A
 partition still short after ``timeout_ms`` (at most ``MAX_WAIT_MS``) is answered
 REQUEST_TIMED_OUT with the low watermark it has then; its log start has moved all the same,
 as in Kafka.
@@ -28,7 +29,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from broker.context import BrokerContext
@@ -116,8 +116,8 @@ async def _finish(
 ) -> Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    data_dirs = {m.partition.log.dir.parent for m in moved}
-    await asyncio.to_thread(_checkpoint, context, data_dirs)
+    logs = [m.partition.log for m in moved]
+    await asyncio.to_thread(context.replicas.log_manager.checkpoint_dirs_of, logs)
     waiting = [m for m in moved if not _settle(context, m)]
     while waiting and loop.time() < deadline:
         changed: asyncio.Future[None] = loop.create_future()
@@ -140,10 +140,3 @@ def _setter(future: asyncio.Future[None]) -> Callable[[], None]:
             future.set_result(None)
 
     return set_done
-
-
-def _checkpoint(context: BrokerContext, data_dirs: set[Path]) -> None:
-    manager = context.replicas.log_manager
-    for data_dir in data_dirs:
-        if data_dir not in manager.offline_dirs:
-            manager.checkpoint(data_dir)
