@@ -9,6 +9,7 @@ runs the chosen handler and turns the outcome into an exit code. Groups so far:
     runnel cluster up|down|status    a local cluster of node processes (cluster_command.py)
     runnel topics create|list|describe|delete|elect   topics, via the controller (topics_command.py)
     runnel produce TOPIC / runnel consume TOPIC  records, with confluent-kafka (*_command.py)
+    runnel delete-records TOPIC --before N   drop records below N (delete_records_command.py)
     runnel replicas verify           compare partitions' replicas (replicas_command.py)
 
 A later group adds one ``register`` call.
@@ -25,6 +26,7 @@ from types import FrameType
 from runnel import (
     cluster_command,
     consume_command,
+    delete_records_command,
     log_tools,
     node,
     produce_command,
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics_command.register(groups)
     produce_command.register(groups)
     consume_command.register(groups)
+    delete_records_command.register(groups)
     replicas_command.register(groups)
     return parser
 

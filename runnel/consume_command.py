@@ -35,7 +35,7 @@ from runnel.commands import (
     set_handler,
 )
 from runnel.kafka_close import CLOSE_TIMEOUT_S, close_consumer
-from runnel.kafka_target import add_broker_options, resolve_brokers
+from runnel.kafka_target import add_broker_options, kafka_error_text, resolve_brokers
 
 __all__ = ["register"]
 
@@ -144,7 +144,9 @@ def _assignment(consumer: Any, args: argparse.Namespace, brokers: str) -> list[A
     try:
         topic = consumer.list_topics(args.topic, timeout=METADATA_TIMEOUT_S).topics.get(args.topic)
     except KafkaException as e:
-        raise CommandError(f"cannot reach the cluster at {brokers}: {_text(e)}") from None
+        raise CommandError(
+            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
+        ) from None
     if topic is None or topic.error is not None:
         raise CommandError(f"topic {args.topic!r}: {topic.error if topic else 'not found'}")
     partitions = sorted(topic.partitions if args.partition is None else set(args.partition))
@@ -158,13 +160,9 @@ def _assignment(consumer: Any, args: argparse.Namespace, brokers: str) -> list[A
     try:
         return list(consumer.offsets_for_times(wanted, timeout=METADATA_TIMEOUT_S))
     except KafkaException as e:
-        raise CommandError(f"cannot reach the cluster at {brokers}: {_text(e)}") from None
-
-
-def _text(e: Exception) -> str:
-    """A KafkaException's message without the ``KafkaError{code=...}`` wrapping."""
-    error: Any = e.args[0] if e.args else None
-    return str(error.str()) if hasattr(error, "str") else str(e)
+        raise CommandError(
+            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
+        ) from None
 
 
 def _out_of_range(consumer: Any, topic: str, partition: int, offset: int | None) -> str:

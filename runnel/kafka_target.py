@@ -1,4 +1,5 @@
-"""Which brokers a Kafka-client command (``runnel produce``, ``runnel consume``) dials.
+"""Which brokers a Kafka-client command (``runnel produce``, ``consume``, ``delete-records``)
+dials, and how it words a client error.
 
 ``--bootstrap HOST:PORT[,HOST:PORT]`` names brokers' client listeners; without it, the local
 cluster of ``--data-dir`` (``runnel cluster up``) gives its brokers' CLIENT addresses.
@@ -7,12 +8,13 @@ cluster of ``--data-dir`` (``runnel cluster up``) gives its brokers' CLIENT addr
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from runnel.admin import add_data_dir_option, parse_bootstrap
 from runnel.commands import CommandError
 from runnel.local_cluster import ClusterSpec
 
-__all__ = ["add_broker_options", "resolve_brokers"]
+__all__ = ["add_broker_options", "kafka_error_text", "resolve_brokers"]
 
 
 def add_broker_options(parser: argparse.ArgumentParser) -> None:
@@ -36,3 +38,9 @@ def resolve_brokers(args: argparse.Namespace) -> str:
             "`runnel cluster up`, or name brokers with --bootstrap HOST:PORT"
         )
     return cluster.kafka_bootstrap
+
+
+def kafka_error_text(e: Exception) -> str:
+    """A KafkaException's message without the ``KafkaError{code=...}`` wrapping."""
+    error: Any = e.args[0] if e.args else None
+    return str(error.str()) if hasattr(error, "str") else str(e)

@@ -36,7 +36,7 @@ from runnel.commands import (
     positive_int,
     set_handler,
 )
-from runnel.kafka_target import add_broker_options, resolve_brokers
+from runnel.kafka_target import add_broker_options, kafka_error_text, resolve_brokers
 
 __all__ = ["register"]
 
@@ -95,17 +95,13 @@ def _require_topic(producer: Any, topic: str, brokers: str) -> None:
     try:
         found = producer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
     except KafkaException as e:
-        raise CommandError(f"cannot reach the cluster at {brokers}: {_text(e)}") from None
+        raise CommandError(
+            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
+        ) from None
     error = found.error if found is not None else None
     if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
         raise CommandError(f"topic {topic!r} does not exist")
     # Any other error (LEADER_NOT_AVAILABLE: being created) is for the producer to retry.
-
-
-def _text(e: Exception) -> str:
-    """A KafkaException's message without the ``KafkaError{code=...}`` wrapping."""
-    error: Any = e.args[0] if e.args else None
-    return str(error.str()) if hasattr(error, "str") else str(e)
 
 
 class _StopReading(Exception):
@@ -214,7 +210,7 @@ def _send_input(
             except BufferError:  # the client's queue is full: let deliveries drain
                 producer.poll(0.1)
             except KafkaException as e:
-                return _Stop(number, _text(e))
+                return _Stop(number, kafka_error_text(e))
         producer.poll(0)
     return _Stop(number, None)
 

@@ -365,3 +365,37 @@ def test_ctrl_c_while_produce_waits_for_input_reports_every_record_sent_and_exit
     err = stderr.read_text()
     assert f"produced 100 records to {topic}" in err and "interrupted" in err, err
     assert "Traceback" not in err and not re.search(r"^failed: ", err, re.MULTILINE), err
+
+
+def test_delete_records_moves_each_partition_s_start_and_says_why_not(local: Local) -> None:
+    topic = "cli-delete"
+    local.create_topic(topic, 2)
+    b = ["--bootstrap", local.bootstrap]
+    for partition in (0, 1):
+        lines = "".join(f"p{partition}-{i}\n" for i in range(10))
+        ok("produce", topic, *b, "--partition", str(partition), stdin=lines)
+    done = ok("delete-records", topic, *b, "--before", "3", "--partition", "0")
+    assert done.stdout == f"{topic}-0: records below 3 deleted\n", done.stdout
+    first = consume_json(local, topic, "--from", "earliest", "--partition", "0")
+    assert [(r["offset"], r["value"]) for r in first] == [(i, f"p0-{i}") for i in range(3, 10)]
+    past = runnel("delete-records", topic, *b, "--before", "11", "--partition", "1")
+    assert past.returncode == 1, past.stderr
+    assert past.stdout.startswith(f"{topic}-1: not deleted: ") and "ffset" in past.stdout
+    # --data-dir, every partition, --json: "end" is each partition's high watermark
+    done = ok("delete-records", topic, "--data-dir", str(local.cluster.data_dir), "--before",
+              "end", "--json")  # fmt: skip
+    outcomes = [json.loads(line) for line in done.stdout.splitlines()]
+    assert outcomes == [
+        {"topic": topic, "partition": 0, "log_start_offset": 10},
+        {"topic": topic, "partition": 1, "log_start_offset": 10},
+    ]
+    assert consume_json(local, topic, "--from", "earliest") == []
+    for args, code, message in [
+        (["delete-records", "cli-nope", *b, "--before", "1"], 1, "topic 'cli-nope': "),
+        (["delete-records", topic, *b, "--before", "1", "--partition", "7"], 1, "no partition 7"),
+        (["delete-records", topic, *b, "--before", "soon"], 2, "--before: not an integer"),
+        (["delete-records", topic, *b], 2, "the following arguments are required: --before"),
+    ]:
+        refused = runnel(*args)
+        assert (refused.returncode, refused.stdout) == (code, ""), (args, refused.stderr)
+        assert message in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
