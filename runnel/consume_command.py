@@ -35,12 +35,17 @@ from runnel.commands import (
     set_handler,
 )
 from runnel.kafka_close import CLOSE_TIMEOUT_S, close_consumer
-from runnel.kafka_target import add_broker_options, kafka_error_text, resolve_brokers
+from runnel.kafka_target import (
+    METADATA_TIMEOUT_S,
+    add_broker_options,
+    resolve_brokers,
+    topic_partitions,
+    unreachable,
+)
 
 __all__ = ["register"]
 
 POLL_S = 0.5
-METADATA_TIMEOUT_S = 10.0
 TO_THE_END_TIMEOUT_S = 30  # without --follow: the longest wait for a record
 # confluent-kafka demands a group id even for assign(); nothing is committed under it.
 GROUP_ID = "runnel-consume"
@@ -141,18 +146,7 @@ def _exact(data: bytes | None) -> str | dict[str, str] | None:
 def _assignment(consumer: Any, args: argparse.Namespace, brokers: str) -> list[Any]:
     from confluent_kafka import KafkaException, TopicPartition
 
-    try:
-        topic = consumer.list_topics(args.topic, timeout=METADATA_TIMEOUT_S).topics.get(args.topic)
-    except KafkaException as e:
-        raise CommandError(
-            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
-        ) from None
-    if topic is None or topic.error is not None:
-        raise CommandError(f"topic {args.topic!r}: {topic.error if topic else 'not found'}")
-    partitions = sorted(topic.partitions if args.partition is None else set(args.partition))
-    unknown = sorted(set(partitions) - set(topic.partitions))
-    if unknown:
-        raise CommandError(f"topic {args.topic!r} has no partition {unknown[0]}")
+    partitions = topic_partitions(consumer, args.topic, args.partition, brokers)
     start, by_time = _start_offset(args.start)
     wanted = [TopicPartition(args.topic, p, start) for p in partitions]
     if not by_time:
@@ -160,9 +154,7 @@ def _assignment(consumer: Any, args: argparse.Namespace, brokers: str) -> list[A
     try:
         return list(consumer.offsets_for_times(wanted, timeout=METADATA_TIMEOUT_S))
     except KafkaException as e:
-        raise CommandError(
-            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
-        ) from None
+        raise unreachable(brokers, e) from None
 
 
 def _out_of_range(consumer: Any, topic: str, partition: int, offset: int | None) -> str:

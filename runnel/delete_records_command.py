@@ -21,18 +21,23 @@ from typing import Any
 from runnel.commands import (
     EXIT_OK,
     EXIT_PROBLEM,
-    CommandError,
     Subparsers,
     non_negative_int,
     positive_int,
     set_handler,
 )
-from runnel.kafka_target import add_broker_options, kafka_error_text, resolve_brokers
+from runnel.kafka_target import (
+    METADATA_TIMEOUT_S,
+    add_broker_options,
+    kafka_error_text,
+    resolve_brokers,
+    topic_partitions,
+    unreachable,
+)
 
 __all__ = ["register"]
 
 TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "up to the high watermark"
-METADATA_TIMEOUT_S = 10.0
 
 
 def register(groups: Subparsers) -> None:
@@ -73,7 +78,7 @@ def _delete_records(args: argparse.Namespace) -> int:
 
     brokers = resolve_brokers(args)
     admin = AdminClient({"bootstrap.servers": brokers})
-    partitions = _partitions(admin, args, brokers)
+    partitions = topic_partitions(admin, args.topic, args.partition, brokers)
     asked = [TopicPartition(args.topic, p, args.before) for p in partitions]
     try:
         futures = admin.delete_records(
@@ -82,9 +87,7 @@ def _delete_records(args: argparse.Namespace) -> int:
             operation_timeout=args.timeout_s,
         )
     except KafkaException as e:
-        raise CommandError(
-            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
-        ) from None
+        raise unreachable(brokers, e) from None
     failed = 0
     for tp, future in sorted(futures.items(), key=lambda item: item[0].partition):
         outcome: dict[str, Any] = {"topic": args.topic, "partition": tp.partition}
@@ -100,25 +103,6 @@ def _delete_records(args: argparse.Namespace) -> int:
             failed += 1
         print(json.dumps(outcome) if args.json else _line(outcome), flush=True)
     return EXIT_PROBLEM if failed else EXIT_OK
-
-
-def _partitions(admin: Any, args: argparse.Namespace, brokers: str) -> list[int]:
-    from confluent_kafka import KafkaException
-
-    try:
-        metadata = admin.list_topics(args.topic, timeout=METADATA_TIMEOUT_S)
-    except KafkaException as e:
-        raise CommandError(
-            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
-        ) from None
-    topic = metadata.topics.get(args.topic)
-    if topic is None or topic.error is not None:
-        raise CommandError(f"topic {args.topic!r}: {topic.error if topic else 'not found'}")
-    wanted = sorted(topic.partitions if args.partition is None else set(args.partition))
-    unknown = sorted(set(wanted) - set(topic.partitions))
-    if unknown:
-        raise CommandError(f"topic {args.topic!r} has no partition {unknown[0]}")
-    return wanted
 
 
 def _line(outcome: dict[str, Any]) -> str:

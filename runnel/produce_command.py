@@ -36,14 +36,19 @@ from runnel.commands import (
     positive_int,
     set_handler,
 )
-from runnel.kafka_target import add_broker_options, kafka_error_text, resolve_brokers
+from runnel.kafka_target import (
+    METADATA_TIMEOUT_S,
+    add_broker_options,
+    kafka_error_text,
+    resolve_brokers,
+    unreachable,
+)
 
 __all__ = ["register"]
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ACKS = ("all", "1", "0")
 MAX_QUEUED_RECORDS = 100_000  # records buffered in the client before produce() blocks
-METADATA_TIMEOUT_S = 10.0
 FLUSH_STEP_S = 0.1  # the final wait for acknowledgements checks for Ctrl-C this often
 Header = tuple[str, bytes]
 
@@ -95,9 +100,7 @@ def _require_topic(producer: Any, topic: str, brokers: str) -> None:
     try:
         found = producer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
     except KafkaException as e:
-        raise CommandError(
-            f"cannot reach the cluster at {brokers}: {kafka_error_text(e)}"
-        ) from None
+        raise unreachable(brokers, e) from None
     error = found.error if found is not None else None
     if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
         raise CommandError(f"topic {topic!r} does not exist")
