@@ -74,6 +74,7 @@ from replication.errors import (
     from_storage_error,
 )
 from replication.isr import IsrState
+from storage.batch import HEADER_SIZE, unpack_header
 from storage.config import LogConfig
 from storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from storage.errors import StorageError, invariant
@@ -900,7 +901,10 @@ class Partition:
         self._require_follower()
         log = self.log
         try:
-            info = log.append_as_follower(data) if memoryview(data).nbytes else None
+            view = memoryview(data)
+            if view.nbytes and log.log_end_offset == log.log_start_offset:
+                self._start_at_first_batch(view)
+            info = log.append_as_follower(view) if view.nbytes else None
             log.update_high_watermark(leader_high_watermark)
             start = min(leader_log_start_offset, log.high_watermark)
             if start > log.log_start_offset:
@@ -908,6 +912,19 @@ class Partition:
         except StorageError as e:
             raise from_storage_error(e) from e
         return info
+
+    def _start_at_first_batch(self, data: memoryview) -> None:
+        """This empty log starts inside the leader's first batch (the leader's log start lies
+        inside a batch, after a DeleteRecords, and this follower restarted at it): start it
+        at that batch's base offset instead, so the batch can be appended whole, as Kafka's
+        follower does (``Partition.appendRecordsToFollowerOrFutureReplica``); the log start
+        moves back up to the leader's after the append."""
+        if data.nbytes < HEADER_SIZE:
+            return  # not a batch: the append refuses it
+        first = unpack_header(data)
+        end = self.log.log_end_offset
+        if first.base_offset < end <= first.base_offset + first.last_offset_delta:
+            self.log.truncate_fully_and_start_at(first.base_offset)
 
     def truncate_to(self, offset: int) -> bool:
         """Drop everything at and above ``offset`` (a follower's divergence)."""

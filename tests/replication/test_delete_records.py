@@ -12,7 +12,7 @@ from support import FakeClock, make_batch
 from test_leader import Leader, state
 
 from replication import errors
-from replication.partition import DELETE_TO_HIGH_WATERMARK
+from replication.partition import DELETE_TO_HIGH_WATERMARK, Partition
 from storage.config import LogConfig
 from storage.loader import load_log
 
@@ -198,3 +198,34 @@ def test_a_follower_saying_a_new_log_start_is_not_quiet(leader: Leader) -> None:
     assert not quiet(2)  # read in full instead, which records it
     _fetch(leader, 2, 2)
     assert quiet(2)
+
+
+def test_a_follower_restarted_inside_a_batch_starts_at_that_batch(
+    leader: Leader, tmp_path: Path
+) -> None:
+    """The leader's log start may lie inside a batch (DeleteRecords). A follower whose log
+    end fell below it restarts there, empty, and the leader's answer then begins with the
+    batch holding it, from an earlier base offset: the follower starts its log at that base
+    (as Kafka's follower does) and moves its log start back up to the leader's."""
+    p = leader.partition
+    for first in (0, 5, 10):
+        p.append_as_leader(make_batch([b"v%d" % i for i in range(first, first + 5)]), 1)
+    for replica in (2, 3):
+        leader.fetch(replica, 15)
+    assert p.delete_records(7) == 7
+    follower_log = load_log(tmp_path / "follower" / "t-0", LogConfig(), clock=FakeClock())
+    try:
+        follower = Partition("t", p.topic_id, 0, follower_log, local_broker_id=2)
+        follower.make_follower(state())
+        follower.restart_at(7)  # its log end was below the leader's log start
+        read = p.read_for_follower(
+            2, 7, 1 << 20, last_fetched_epoch=-1, current_leader_epoch=4, now_ms=0
+        )
+        assert read.data is not None and read.data.slice is not None
+        data = read.data.slice.read()
+        assert int.from_bytes(data[:8], "big") == 5  # the batch holding offset 7
+        follower.append_as_follower(data, p.high_watermark, p.log_start_offset)
+        assert (follower.log_start_offset, follower.log_end_offset) == (7, 15)
+        assert follower.log.read(7, 1 << 20).slice.read() == data  # type: ignore[union-attr]
+    finally:
+        follower_log.abandon()
