@@ -74,7 +74,7 @@ from replication.errors import (
     from_storage_error,
 )
 from replication.isr import IsrState
-from storage.batch import HEADER_SIZE, unpack_header
+from storage.batch import validate_batch
 from storage.config import LogConfig
 from storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from storage.errors import StorageError, invariant
@@ -918,10 +918,12 @@ class Partition:
         inside a batch, after a DeleteRecords, and this follower restarted at it): start it
         at that batch's base offset instead, so the batch can be appended whole, as Kafka's
         follower does (``Partition.appendRecordsToFollowerOrFutureReplica``); the log start
-        moves back up to the leader's after the append."""
-        if data.nbytes < HEADER_SIZE:
-            return  # not a batch: the append refuses it
-        first = unpack_header(data)
+        moves back up to the leader's after the append. The batch is checked whole (CRC
+        too) first: a corrupt one must not move the log; the append then refuses it."""
+        try:
+            first = validate_batch(data)
+        except StorageError:
+            return
         end = self.log.log_end_offset
         if first.base_offset < end <= first.base_offset + first.last_offset_delta:
             self.log.truncate_fully_and_start_at(first.base_offset)

@@ -224,6 +224,11 @@ def test_a_follower_restarted_inside_a_batch_starts_at_that_batch(
         assert read.data is not None and read.data.slice is not None
         data = read.data.slice.read()
         assert int.from_bytes(data[:8], "big") == 5  # the batch holding offset 7
+        corrupt = bytearray(data)
+        corrupt[70] ^= 0xFF  # in the first batch's records: its CRC no longer matches
+        with pytest.raises(errors.CorruptMessage):
+            follower.append_as_follower(corrupt, p.high_watermark, p.log_start_offset)
+        assert (follower.log_start_offset, follower.log_end_offset) == (7, 7)  # not moved
         follower.append_as_follower(data, p.high_watermark, p.log_start_offset)
         assert (follower.log_start_offset, follower.log_end_offset) == (7, 15)
         assert follower.log.read(7, 1 << 20).slice.read() == data  # type: ignore[union-attr]
