@@ -342,6 +342,8 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         backoff_s = MIN_RECONNECT_BACKOFF_S
         while True:
+            if self._starts_moved:  # before any request says them (whatever came before)
+                await self._persist_log_starts()
             if not self._any_ready():
                 await self._idle()
                 continue
@@ -368,7 +370,6 @@ class ReplicaFetcher:
                 except Exception:
                     _log.exception("answer from broker %d not applied", self.leader_id)
                 else:
-                    await self._persist_log_starts()
                     continue
             self._disconnect()
             await asyncio.sleep(backoff_s)
@@ -381,7 +382,7 @@ class ReplicaFetcher:
         (and, elected, serve the deleted records again). Rare: a start moves by DeleteRecords
         or by the leader's retention."""
         moved, self._starts_moved = self._starts_moved, []
-        if moved and self.persist_log_starts is not None:
+        if self.persist_log_starts is not None:
             try:
                 await self.persist_log_starts(moved)
             except Exception:  # a failed write took its directory offline: said there
