@@ -34,7 +34,6 @@ from typing import Any
 from broker.context import BrokerContext
 from broker.handlers.common import Reply, Response, error_code_of, lookup_partition
 from broker.protocol import ErrorCode, RequestHeader
-from controller.image import MetadataImage
 from controller.topics import repeated
 from replication.partition import Partition
 
@@ -58,19 +57,12 @@ def _answer(index: int, code: int, low_watermark: int = UNKNOWN) -> dict[str, An
     return {"partition_index": index, "low_watermark": low_watermark, "error_code": code}
 
 
-def _alive(image: MetadataImage) -> Callable[[int], bool]:
-    def alive(broker_id: int) -> bool:
-        registration = image.brokers.get(broker_id)
-        return registration is not None and not registration.fenced
-
-    return alive
-
-
 def _settle(context: BrokerContext, moved: _Moved) -> bool:
     """Fill in ``moved``'s answer if it is done (its low watermark reached, or an error such
     as lost leadership); False if it still waits."""
     try:
-        low = moved.partition.low_watermark(_alive(context.image()))
+        alive = frozenset(context.image().unfenced_broker_ids())  # Kafka's hasAliveBroker
+        low = moved.partition.low_watermark(alive.__contains__)
     except Exception as e:
         moved.answer.update(error_code=error_code_of(e), low_watermark=UNKNOWN)
         return True
