@@ -94,11 +94,11 @@ class IsrState:
         fetch_offset: int,
         leader_end_offset: int,
         now_ms: int,
-        log_start_offset: int | None = None,
+        log_start_offset: int = UNKNOWN_OFFSET,
     ) -> bool:
         """Record a fetch of ``replica`` at ``fetch_offset`` (valid: at most the leader's
-        log end), and the log start offset it said (None: this fetch did not say, the one
-        recorded stands). False if ``replica`` is not a follower of this partition."""
+        log end), and the log start offset it said (-1, as in a Fetch request: not said, the
+        one recorded stands). False if ``replica`` is not a follower of this partition."""
         state = self.followers.get(replica)
         if state is None:
             return False
@@ -107,7 +107,7 @@ class IsrState:
         elif fetch_offset >= state.last_fetch_leader_end >= 0:
             state.last_caught_up_ms = max(state.last_caught_up_ms, state.last_fetch_ms)
         state.log_end_offset = fetch_offset
-        if log_start_offset is not None:
+        if log_start_offset >= 0:
             state.log_start_offset = log_start_offset
         state.last_fetch_ms = now_ms
         state.last_fetch_leader_end = leader_end_offset

@@ -601,7 +601,7 @@ class Partition:
         now_ms: int,
         min_one_batch: bool = True,
         broker_epoch: int = -1,
-        log_start_offset: int | None = None,
+        log_start_offset: int = -1,
     ) -> FollowerRead:
         """A follower's fetch: the diverging epoch if its last fetched epoch does not end at
         or after ``fetch_offset`` here (KIP-320: nothing read, its position not taken),
@@ -609,7 +609,7 @@ class Partition:
         follower's log end: it may move the HW and let the follower join the ISR, as the
         incarnation of ``broker_epoch`` (what the fetch says, -1 if nothing; the proposal's
         sender checks it against the metadata: ``follower_broker_epoch``). The follower's
-        ``log_start_offset`` (None: not said) feeds the low watermark."""
+        ``log_start_offset`` (-1: not said) feeds the low watermark."""
         self._require_leader(current_leader_epoch)
         if self._quiet:
             self._quiet.pop(replica_id, None)  # read afresh: its session watches no more
@@ -760,7 +760,7 @@ class Partition:
         current_leader_epoch: int,
         now_ms: int,
         watch: QuietWatch | None = None,
-        log_start_offset: int | None = None,
+        log_start_offset: int = -1,
     ) -> bool:
         """``read_for_follower`` of an ISR follower caught up at our log end, cheaply: True
         (the fetch noted, as that would) when this replica leads at ``current_leader_epoch``,
@@ -786,7 +786,7 @@ class Partition:
         if (
             follower is None
             or follower.log_end_offset != fetch_offset
-            or (log_start_offset is not None and follower.log_start_offset != log_start_offset)
+            or (log_start_offset >= 0 and follower.log_start_offset != log_start_offset)
         ):
             return False
         followers.follower_fetched(replica_id, fetch_offset, fetch_offset, now_ms)

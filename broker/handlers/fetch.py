@@ -250,7 +250,7 @@ def quiet_for_follower(
             current_leader_epoch=position.current_leader_epoch,
             now_ms=now_ms,
             watch=watch,
-            log_start_offset=position.log_start_offset if position.log_start_offset >= 0 else None,
+            log_start_offset=position.log_start_offset,
         )
     )
 
@@ -322,7 +322,7 @@ def _read_one(
             now_ms=now_ms,
             min_one_batch=first,
             broker_epoch=plan.replica_epoch,
-            log_start_offset=position.log_start_offset if position.log_start_offset >= 0 else None,
+            log_start_offset=position.log_start_offset,
         )
         data, diverging = found.data, found.diverging
     else:

@@ -393,7 +393,7 @@ class SessionSimulation(Simulation):
             position.current_leader_epoch,
             position.max_bytes,
             req.broker_epoch,
-            position.log_start_offset if position.log_start_offset >= 0 else None,
+            position.log_start_offset,
         )
         partition = broker.partitions.get(pid)
         if answer.error != NO_ERROR or partition is None:

@@ -1412,11 +1412,11 @@ class Simulation:
         leader_epoch: int,
         max_bytes: int,
         broker_epoch: int = -1,
-        log_start_offset: int | None = None,
+        log_start_offset: int = -1,
     ) -> FetchResp:
         """broker/handlers/fetch.py's read of one partition for a follower (the error
-        answer of a ReplicationError); ``log_start_offset``: the follower's, if its request
-        said it."""
+        answer of a ReplicationError); ``log_start_offset``: the follower's (-1: its request
+        did not say)."""
         partition = broker.partitions.get(pid)
         try:
             if partition is None:

@@ -45,7 +45,7 @@ def _committed(leader: Leader, count: int) -> int:
     return end
 
 
-def _fetch(leader: Leader, replica: int, log_start: int | None) -> None:
+def _fetch(leader: Leader, replica: int, log_start: int) -> None:
     """A caught-up fetch of ``replica`` saying ``log_start`` as its log start offset."""
     leader.partition.read_for_follower(
         replica,
@@ -132,7 +132,7 @@ def test_the_low_watermark_is_the_smallest_log_start_of_the_live_replicas(
     _fetch(leader, 3, 0)
     assert p.low_watermark(everyone_alive) == 0
     assert p.low_watermark(lambda broker: broker != 3) == 4  # a dead follower does not count
-    _fetch(leader, 3, None)  # a fetch not saying it keeps what was said
+    _fetch(leader, 3, -1)  # a fetch not saying it keeps what was said
     assert p.low_watermark(everyone_alive) == 0
     _fetch(leader, 3, 4)
     assert p.low_watermark(everyone_alive) == 4
@@ -183,7 +183,7 @@ def test_a_follower_saying_a_new_log_start_is_not_quiet(leader: Leader) -> None:
     p = leader.partition
     _fetch(leader, 2, 0)
 
-    def quiet(log_start: int | None) -> bool:
+    def quiet(log_start: int) -> bool:
         return p.read_for_quiet_follower(
             2,
             end,
@@ -193,7 +193,7 @@ def test_a_follower_saying_a_new_log_start_is_not_quiet(leader: Leader) -> None:
             log_start_offset=log_start,
         )
 
-    assert quiet(0) and quiet(None)
+    assert quiet(0) and quiet(-1)
     p.delete_records(2)
     assert not quiet(2)  # read in full instead, which records it
     _fetch(leader, 2, 2)
