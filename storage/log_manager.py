@@ -352,15 +352,16 @@ class LogManager:
 
     def _write_due_checkpoints(self) -> None:
         due, self._checkpoints_due = self._checkpoints_due, set()
-        for data_dir in due:
-            if data_dir not in self.offline_dirs:
-                self.checkpoint(data_dir)
+        self._checkpoint_online(due)
 
     def checkpoint_dirs_of(self, logs: Iterable[Log]) -> None:
         """Write the checkpoints of every online data directory holding one of ``logs``
         (DeleteRecords before its answer, a follower whose log start its leader moved before
         it says so; blocking: callers on the event loop run it in a worker thread)."""
-        for data_dir in {log.dir.parent for log in logs}:
+        self._checkpoint_online({log.dir.parent for log in logs})
+
+    def _checkpoint_online(self, data_dirs: Iterable[Path]) -> None:
+        for data_dir in data_dirs:
             if data_dir not in self.offline_dirs:
                 self.checkpoint(data_dir)
 
