@@ -37,8 +37,6 @@ from runnel.kafka_target import (
 
 __all__ = ["register"]
 
-TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "up to the high watermark"
-
 
 def register(groups: Subparsers) -> None:
     parser = groups.add_parser(
@@ -67,8 +65,10 @@ def register(groups: Subparsers) -> None:
 
 
 def _offset(text: str) -> int:
-    if text == "end":
-        return TO_HIGH_WATERMARK
+    if text == "end":  # DeleteRecords' -1: up to the high watermark
+        from confluent_kafka import OFFSET_END
+
+        return int(OFFSET_END)
     return non_negative_int(text)
 
 
